@@ -1,0 +1,80 @@
+#pragma once
+// Gpt2: GPT-2's forward pass in libtorch (fp32, tanh GELU, LayerNorm eps from
+// the config, LM head tied to wte), on any torch device.
+//
+// Three ways to run it, all the same math:
+//  * forward_full      — whole sequence, no cache (the O(N^2) reference loop).
+//  * forward_contiguous — one sequence with a contiguous per-layer K/V cache.
+//  * forward_step      — a flat batch of many sequences over a PagedKvCache
+//                        (the varlen layout of vLLM: prefill chunks and decode
+//                        tokens mixed in one [T] batch).
+#include <cstdint>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "model/config.hpp"
+#include "model/weights.hpp"
+
+namespace troupe::model {
+
+class PagedKvCache;
+
+// Contiguous K/V cache of one sequence: per layer [n_head, capacity, head_dim].
+struct ContiguousKv {
+  std::vector<torch::Tensor> k, v;
+  int64_t length = 0;    // tokens held
+  int64_t capacity = 0;  // tokens that fit
+};
+
+// One step's tokens, flattened. Built from a StepPlan by the step executor.
+// All index tensors are int64 on the model's device unless said otherwise.
+struct FlatBatch {
+  torch::Tensor token_ids;     // [T]
+  torch::Tensor positions;     // [T] absolute position of each token in its sequence
+  torch::Tensor slot_mapping;  // [T] KV slot (block * block_size + offset) each token's K/V is written to
+  std::vector<int64_t> query_start;   // [S + 1] sequence s owns rows [query_start[s], query_start[s+1])
+  std::vector<int64_t> context_lens;  // [S] tokens in the KV cache of sequence s once this step's are written
+  torch::Tensor block_tables;         // [S, max_blocks] int32, padded with 0; CPU or device
+  std::vector<int64_t> sample_rows;   // rows of T whose logits are returned, in order
+};
+
+// How attention reads the paged cache.
+enum class PagedAttention {
+  kAuto,    // the in-place CPU kernel on CPU, the gather path elsewhere
+  kKernel,  // in-place CPU kernel (CPU tensors only)
+  kGather,  // portable torch ops: gather the sequence's blocks, then matmul/softmax
+};
+
+class Gpt2 {
+ public:
+  // Copies the weights to `device` in the layout the forward pass wants.
+  Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device device);
+
+  const Gpt2Config& config() const { return config_; }
+  torch::Device device() const { return device_; }
+
+  // Logits [T, vocab] (fp32, on the model's device) for every position of `ids`.
+  torch::Tensor forward_full(const std::vector<int32_t>& ids) const;
+
+  ContiguousKv make_contiguous_cache(int64_t capacity) const;
+  // Appends `ids` to the cache and returns the logits [ids.size(), vocab].
+  torch::Tensor forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache) const;
+
+  // Writes the step's K/V into its slots and returns logits [sample_rows.size(), vocab].
+  torch::Tensor forward_step(const FlatBatch& batch, PagedKvCache& cache,
+                             PagedAttention attention = PagedAttention::kAuto) const;
+
+ private:
+  Gpt2Config config_;
+  torch::Device device_;
+  // Layout chosen by the implementation (see gpt2.cpp).
+  struct Layer {
+    torch::Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b;
+    torch::Tensor ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+  };
+  torch::Tensor wte_, wpe_, ln_f_w_, ln_f_b_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace troupe::model

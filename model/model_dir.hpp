@@ -1,0 +1,33 @@
+#pragma once
+// A model folder in Hugging Face's layout: config.json, model.safetensors,
+// vocab.json, merges.txt.
+#include <cstdint>
+#include <string>
+
+#include "model/config.hpp"
+#include "model/tokenizer.hpp"
+#include "model/weights.hpp"
+
+namespace troupe::model {
+
+struct ModelDir {
+  std::string path;
+  Gpt2Config config;
+  Gpt2Weights weights;
+  Tokenizer tokenizer;
+};
+
+// Loads and checks every file. Throws std::runtime_error saying which file is
+// missing or broken and how to get it (troupe download / troupe init-model).
+// When config.random_weights is set it prints a loud warning to stderr.
+ModelDir load_model_dir(const std::string& dir);
+
+// Writes a complete model folder with random weights (init-model). The
+// tokenizer files are copied from `tokenizer_dir`. Deterministic for a seed.
+void write_random_model(const std::string& dir, const Gpt2Config& config, uint64_t seed,
+                        const std::string& tokenizer_dir);
+
+// The banner printed for random-weight models.
+std::string random_weights_warning(const std::string& dir);
+
+}  // namespace troupe::model

@@ -1,0 +1,70 @@
+#pragma once
+// Shared test helpers: temp folders, the real tokenizer, a tiny random GPT-2 on
+// disk, running the troupe binary, tensor closeness.
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace troupe::test {
+
+inline std::string tokenizer_dir() { return TROUPE_TOKENIZER_DIR; }
+inline std::string troupe_bin() { return TROUPE_BIN; }
+
+// A fresh folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int status = -1;      // exit code, or 128 + signal
+  std::string output;   // stdout (and stderr when merged)
+};
+
+// Runs a shell command line, capturing stdout; stderr merged when merge_stderr.
+inline CommandResult run_command(const std::string& cmd, bool merge_stderr = true) {
+  CommandResult r;
+  std::string full = cmd + (merge_stderr ? " 2>&1" : "");
+  FILE* p = popen(full.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// Quotes a string for /bin/sh.
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+}  // namespace troupe::test
