@@ -1,9 +1,46 @@
 // troupe: the command line. Thin: parse flags, call a library, print.
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+
 #include <CLI/CLI.hpp>
 
+#include "cli/command.hpp"
+#include "model/threading.hpp"
+
 int main(int argc, char** argv) {
+  troupe::model::ensure_passive_openmp(argc, argv);
+
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
+  app.set_help_all_flag("--help-all", "Help for every command");
+  troupe::model::ThreadOptions threads;
+  app.add_option("--threads", threads.intra_op_threads,
+                 "Intra-op threads for the model (0 = all CPUs; env TROUPE_THREADS)")
+      ->check(CLI::NonNegativeNumber);
+
+  troupe::cli::Registry registry;
+  troupe::cli::add_model_commands(app, registry);
+  troupe::cli::add_generate_command(app, registry);
+  troupe::cli::add_batch_command(app, registry);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (const auto& cmd : registry) {
+    if (!cmd.app->parsed()) continue;
+    try {
+      troupe::model::configure_threads(threads);
+      return cmd.run();
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
+      return 1;
+    }
+  }
   return 0;
 }

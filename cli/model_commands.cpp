@@ -1,0 +1,190 @@
+// init-model, download, tokenize, detokenize.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.hpp"
+#include "model/config.hpp"
+#include "model/download.hpp"
+#include "model/model_dir.hpp"
+#include "model/tokenizer.hpp"
+
+namespace troupe::cli {
+namespace {
+
+using nlohmann::json;
+
+std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+model::Tokenizer load_tokenizer(const std::string& dir) {
+  if (!std::filesystem::is_directory(dir))
+    throw std::invalid_argument("model folder '" + dir + "' does not exist (make one with `troupe init-model --out " +
+                                dir + "` or `troupe download gpt2 --to " + dir + "`)");
+  return model::Tokenizer::from_dir(dir);
+}
+
+// Reads JSON lines from stdin, maps each through `fn`; a bad line yields {"error": ...}
+// and the rest still run. Returns 1 when any line failed.
+int map_jsonl(const std::function<json(const json&)>& fn) {
+  std::string line;
+  int status = 0;
+  size_t lineno = 0;
+  while (std::getline(std::cin, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json out;
+    try {
+      out = fn(json::parse(line));
+    } catch (const std::exception& e) {
+      out = json{{"error", "line " + std::to_string(lineno) + ": " + e.what()}};
+      status = 1;
+    }
+    std::cout << dump_line(out) << '\n';
+  }
+  std::cout.flush();
+  return status;
+}
+
+}  // namespace
+
+std::string default_tokenizer_dir() {
+  if (const char* env = std::getenv("TROUPE_TOKENIZER_DIR")) return env;
+  return TROUPE_DEFAULT_TOKENIZER_DIR;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
+    if (b == std::string::npos) throw std::invalid_argument("empty item in id list '" + text + "'");
+    item = item.substr(b, e - b + 1);
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX)
+      throw std::invalid_argument("'" + item + "' in id list is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw std::invalid_argument("the id list is empty");
+  return ids;
+}
+
+void add_model_commands(CLI::App& app, Registry& registry) {
+  // init-model
+  {
+    auto* sub = app.add_subcommand("init-model", "Write a model folder with random GPT-2 weights");
+    struct Opts {
+      std::string out, preset = "tiny", tokenizer;
+      int layers = 0, heads = 0, embd = 0, positions = 0;
+      uint64_t seed = 0;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--out", o->out, "Folder to write (config.json, model.safetensors, vocab.json, merges.txt)")
+        ->required();
+    sub->add_option("--preset", o->preset, "Shape: tiny (2x2x64) or gpt2 (the real 124M shape)")
+        ->check(CLI::IsMember({"tiny", "gpt2"}));
+    sub->add_option("--layers", o->layers, "Override n_layer")->check(CLI::PositiveNumber);
+    sub->add_option("--heads", o->heads, "Override n_head")->check(CLI::PositiveNumber);
+    sub->add_option("--embd", o->embd, "Override n_embd (a multiple of heads)")->check(CLI::PositiveNumber);
+    sub->add_option("--positions", o->positions, "Override n_positions")->check(CLI::PositiveNumber);
+    sub->add_option("--seed", o->seed, "Random seed (same seed, same weights)");
+    sub->add_option("--tokenizer", o->tokenizer, "Folder with GPT-2's vocab.json and merges.txt (default: " +
+                                                     std::string(TROUPE_DEFAULT_TOKENIZER_DIR) + ")");
+    registry.push_back({sub, [o] {
+                          auto cfg = model::Gpt2Config::preset(o->preset);
+                          if (o->layers) cfg.n_layer = o->layers;
+                          if (o->heads) cfg.n_head = o->heads;
+                          if (o->embd) cfg.n_embd = o->embd;
+                          if (o->positions) cfg.n_positions = o->positions;
+                          cfg.validate();
+                          std::string tok = o->tokenizer.empty() ? default_tokenizer_dir() : o->tokenizer;
+                          model::write_random_model(o->out, cfg, o->seed, tok);
+                          std::fprintf(stderr,
+                                       "wrote a RANDOM-WEIGHT GPT-2 (%d layers, %d heads, width %d, %d positions) "
+                                       "to %s; its text is noise\n",
+                                       cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions, o->out.c_str());
+                          return 0;
+                        }});
+  }
+  // download
+  {
+    auto* sub = app.add_subcommand("download", "Fetch GPT-2's files from Hugging Face over HTTPS");
+    struct Opts {
+      std::string name = "gpt2", to;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("name", o->name, "Model repository: gpt2, gpt2-medium, gpt2-large, gpt2-xl");
+    sub->add_option("--to", o->to, "Destination folder (default models/<name>)");
+    registry.push_back({sub, [o] {
+                          std::string to = o->to.empty() ? "models/" + o->name : o->to;
+                          model::download_model(o->name, to, model::DownloadOptions{});
+                          std::fprintf(stderr, "downloaded %s to %s\n", o->name.c_str(), to.c_str());
+                          return 0;
+                        }});
+  }
+  // tokenize
+  {
+    auto* sub = app.add_subcommand("tokenize", "Text to GPT-2 token ids (JSON)");
+    struct Opts {
+      std::string model, text;
+      bool jsonl = false;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--model", o->model, "Model folder (vocab.json, merges.txt)")->required();
+    sub->add_option("text", o->text, "Text to tokenize");
+    sub->add_flag("--jsonl", o->jsonl, "Read {\"text\": ...} lines from stdin, write {\"ids\": [...]} lines");
+    registry.push_back({sub, [o, sub] {
+                          auto tok = load_tokenizer(o->model);
+                          if (o->jsonl) {
+                            return map_jsonl([&](const json& in) {
+                              if (!in.is_object() || !in.contains("text") || !in["text"].is_string())
+                                throw std::invalid_argument("expected an object with a string \"text\"");
+                              return json{{"ids", tok.encode(in["text"].get<std::string>())}};
+                            });
+                          }
+                          if (sub->count("text") == 0)
+                            throw std::invalid_argument("give TEXT, or --jsonl to read lines from stdin");
+                          std::cout << dump_line(json(tok.encode(o->text))) << '\n';
+                          return 0;
+                        }});
+  }
+  // detokenize
+  {
+    auto* sub = app.add_subcommand("detokenize", "GPT-2 token ids to text");
+    struct Opts {
+      std::string model, ids;
+      bool jsonl = false;
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--model", o->model, "Model folder (vocab.json, merges.txt)")->required();
+    sub->add_option("ids", o->ids, "Comma-separated ids, e.g. 15496,995");
+    sub->add_flag("--jsonl", o->jsonl, "Read {\"ids\": [...]} lines from stdin, write {\"text\": ...} lines");
+    registry.push_back({sub, [o] {
+                          auto tok = load_tokenizer(o->model);
+                          if (o->jsonl) {
+                            return map_jsonl([&](const json& in) {
+                              if (!in.is_object() || !in.contains("ids") || !in["ids"].is_array())
+                                throw std::invalid_argument("expected an object with an array \"ids\"");
+                              std::vector<int32_t> ids;
+                              for (const auto& v : in["ids"]) {
+                                if (!v.is_number_integer()) throw std::invalid_argument("ids must be integers");
+                                ids.push_back(v.get<int32_t>());
+                              }
+                              return json{{"text", tok.decode(ids)}};
+                            });
+                          }
+                          if (o->ids.empty()) throw std::invalid_argument("give IDS, or --jsonl to read lines from stdin");
+                          std::cout << tok.decode(parse_id_list(o->ids)) << '\n';
+                          return 0;
+                        }});
+  }
+}
+
+}  // namespace troupe::cli
