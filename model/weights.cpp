@@ -9,6 +9,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "model/safetensors.hpp"
+
 
 namespace troupe::model {
 namespace {
@@ -47,7 +49,84 @@ void fill_normal(torch::Tensor& t, double std, uint64_t seed, uint64_t stream) {
 
 std::string layer_prefix(size_t i) { return "h." + std::to_string(i) + "."; }
 
+std::string shape_str(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The file's name for HF name `name`: as is, or under GPT2LMHeadModel's
+// "transformer." prefix; empty when absent.
+std::string find_name(const SafetensorsFile& f, const std::string& name) {
+  if (f.contains(name)) return name;
+  if (f.contains("transformer." + name)) return "transformer." + name;
+  return {};
+}
+
 }  // namespace
+
+Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Config& config) {
+  config.validate();
+  const SafetensorsFile file(safetensors_path);
+  const auto fail = [&](const std::string& what) {
+    throw std::runtime_error(safetensors_path + ": " + what);
+  };
+
+  if (!find_name(file, layer_prefix(config.n_layer) + "ln_1.weight").empty()) {
+    fail("holds more than the " + std::to_string(config.n_layer) +
+         " layers that config.json's n_layer says (found " + layer_prefix(config.n_layer) +
+         "ln_1.weight); config.json and model.safetensors come from different models");
+  }
+
+  const auto get = [&](const std::string& name, std::vector<int64_t> want) {
+    const std::string key = find_name(file, name);
+    if (key.empty()) {
+      fail("tensor \"" + name + "\" (or \"transformer." + name + "\") is missing; expected shape " +
+           shape_str(want));
+    }
+    const SafetensorsEntry& e = file.entry(key);
+    if (e.shape != want) {
+      fail("tensor \"" + key + "\" has shape " + shape_str(e.shape) + ", expected " + shape_str(want) +
+           " (from config.json)");
+    }
+    return file.to_float(key);
+  };
+
+  const int64_t E = config.n_embd;
+  Gpt2Weights w;
+  w.wte = get("wte.weight", {config.vocab_size, E});
+  w.wpe = get("wpe.weight", {config.n_positions, E});
+  w.layers.resize(config.n_layer);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    LayerWeights& l = w.layers[i];
+    const std::string p = layer_prefix(i);
+    l.ln_1_weight = get(p + "ln_1.weight", {E});
+    l.ln_1_bias = get(p + "ln_1.bias", {E});
+    l.attn_c_attn_weight = get(p + "attn.c_attn.weight", {E, 3 * E});
+    l.attn_c_attn_bias = get(p + "attn.c_attn.bias", {3 * E});
+    l.attn_c_proj_weight = get(p + "attn.c_proj.weight", {E, E});
+    l.attn_c_proj_bias = get(p + "attn.c_proj.bias", {E});
+    l.ln_2_weight = get(p + "ln_2.weight", {E});
+    l.ln_2_bias = get(p + "ln_2.bias", {E});
+    l.mlp_c_fc_weight = get(p + "mlp.c_fc.weight", {E, 4 * E});
+    l.mlp_c_fc_bias = get(p + "mlp.c_fc.bias", {4 * E});
+    l.mlp_c_proj_weight = get(p + "mlp.c_proj.weight", {4 * E, E});
+    l.mlp_c_proj_bias = get(p + "mlp.c_proj.bias", {E});
+  }
+  w.ln_f_weight = get("ln_f.weight", {E});
+  w.ln_f_bias = get("ln_f.bias", {E});
+
+  // GPT-2 ties the LM head to wte; a stored copy is only checked, never used.
+  if (file.contains("lm_head.weight")) {
+    const SafetensorsEntry& e = file.entry("lm_head.weight");
+    const std::vector<int64_t> want = {config.vocab_size, E};
+    if (e.shape != want) {
+      fail("tensor \"lm_head.weight\" has shape " + shape_str(e.shape) + ", expected " +
+           shape_str(want) + " (tied to wte.weight)");
+    }
+  }
+  return w;
+}
 
 Gpt2Weights Gpt2Weights::random(const Gpt2Config& config, uint64_t seed) {
   config.validate();

@@ -1,0 +1,65 @@
+#pragma once
+// SafetensorsFile: a read-only, memory-mapped .safetensors file
+// (https://github.com/huggingface/safetensors: an 8-byte little-endian header
+// length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]},
+// "__metadata__": {str: str}}, then the data; offsets are relative to the byte
+// after the header). The whole header is checked when the file is opened, so
+// every later read stays inside the mapping.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace troupe::model {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;            // as written in the file: "F32", "F16", "BF16", "I64", ...
+  std::vector<int64_t> shape;   // empty for a scalar
+  uint64_t begin = 0;           // absolute byte offset of the data in the file
+  uint64_t end = 0;             // one past the last byte
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. Throws std::runtime_error naming the file and the
+  // tensor or byte offset at fault: file too short, header length beyond the
+  // file, header not JSON, unknown dtype, offsets out of range, overlapping or
+  // not matching dtype x shape.
+  explicit SafetensorsFile(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Entries in the order of their data in the file.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // Throws std::runtime_error when absent.
+  const SafetensorsEntry& entry(const std::string& name) const;
+
+  // A new fp32 CPU tensor holding a copy of the data (F32, F16 and BF16 are
+  // converted exactly); it does not keep the mapping alive. Throws
+  // std::runtime_error for another dtype.
+  torch::Tensor to_float(const std::string& name) const;
+
+ private:
+  struct Mapping;
+  std::string path_;
+  std::shared_ptr<const Mapping> map_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes the tensors as F32 (converted to fp32 and copied to the CPU first) in
+// the given order, with optional "__metadata__". Writes `path`.tmp and renames
+// it, so a reader never sees half a file. Throws std::invalid_argument on a
+// duplicate or reserved name, std::runtime_error on an I/O failure.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace troupe::model

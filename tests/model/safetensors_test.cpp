@@ -1,0 +1,256 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include <torch/types.h>
+
+#include "model/safetensors.hpp"
+#include "test_utils.hpp"
+
+namespace troupe::model {
+namespace {
+
+std::string le64(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(n >> (8 * i));
+  return s;
+}
+
+// Writes a file: 8-byte length, `header`, then `data`.
+std::string write_raw(const test::TempDir& dir, const std::string& header, const std::string& data,
+                      const std::string& name = "t.safetensors") {
+  const std::string path = dir.file(name);
+  std::ofstream(path, std::ios::binary) << le64(header.size()) << header << data;
+  return path;
+}
+
+std::string bytes_of(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
+// The error text of opening `path`, or "" when it opens.
+std::string open_error(const std::string& path) {
+  try {
+    SafetensorsFile f(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(Safetensors, RoundTripF32WithMetadata) {
+  test::TempDir dir;
+  const torch::Tensor a = torch::arange(24, torch::kFloat32).reshape({2, 3, 4}) * 0.5;
+  const torch::Tensor b = torch::tensor({-1.5f, 2.25f});
+  const torch::Tensor s = torch::tensor(3.0f);  // scalar
+  const torch::Tensor e = torch::empty({0, 4});
+  const torch::Tensor nc = torch::arange(6, torch::kFloat32).reshape({2, 3}).t();  // non-contiguous
+  const torch::Tensor d = torch::arange(3, torch::kFloat64);
+  write_safetensors(dir.file("m.safetensors"),
+                    {{"a", a}, {"b", b}, {"s", s}, {"e", e}, {"nc", nc}, {"d", d}},
+                    {{"format", "pt"}, {"who", "troupe"}});
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.safetensors.tmp")));
+
+  SafetensorsFile f(dir.file("m.safetensors"));
+  ASSERT_EQ(f.entries().size(), 6u);
+  EXPECT_EQ(f.entries()[0].name, "a");  // data order
+  EXPECT_EQ(f.entries()[0].begin % 8, 0u);  // header padded to 8
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.metadata().at("who"), "troupe");
+  EXPECT_EQ(f.entry("a").dtype, "F32");
+  EXPECT_EQ(f.entry("a").shape, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_TRUE(torch::equal(f.to_float("a"), a));
+  EXPECT_TRUE(torch::equal(f.to_float("b"), b));
+  EXPECT_EQ(f.to_float("s").dim(), 0);
+  EXPECT_EQ(f.to_float("s").item<float>(), 3.0f);
+  EXPECT_EQ(f.to_float("e").sizes(), e.sizes());
+  EXPECT_TRUE(torch::equal(f.to_float("nc"), nc));
+  EXPECT_TRUE(torch::equal(f.to_float("d"), d.to(torch::kFloat32)));
+  EXPECT_FALSE(f.contains("zzz"));
+  EXPECT_THROW(f.to_float("zzz"), std::runtime_error);
+
+  // The tensor owns its data: it outlives the file object.
+  torch::Tensor kept;
+  {
+    SafetensorsFile g(dir.file("m.safetensors"));
+    kept = g.to_float("a");
+  }
+  kept.add_(1);
+  EXPECT_TRUE(torch::equal(kept, a + 1));
+}
+
+TEST(Safetensors, WriterRejectsBadNames) {
+  test::TempDir dir;
+  const torch::Tensor t = torch::zeros({2});
+  EXPECT_THROW(write_safetensors(dir.file("x"), {{"a", t}, {"a", t}}), std::invalid_argument);
+  EXPECT_THROW(write_safetensors(dir.file("x"), {{"__metadata__", t}}), std::invalid_argument);
+  EXPECT_THROW(write_safetensors(dir.file("x"), {{"u", torch::Tensor()}}), std::invalid_argument);
+  EXPECT_THROW(write_safetensors(dir.file("no/such/dir/x"), {{"a", t}}), std::runtime_error);
+}
+
+TEST(Safetensors, ReadsHandBuiltF16AndBF16) {
+  test::TempDir dir;
+  // F16: 1.0 = 0x3C00, -2.0 = 0xC000, 0.5 = 0x3800, 65504 = 0x7BFF.
+  const uint16_t h[4] = {0x3C00, 0xC000, 0x3800, 0x7BFF};
+  // BF16: upper half of the fp32 bits. 1.0 = 0x3F80, -3.5 = 0xC060, 0.15625 = 0x3E20.
+  const uint16_t bf[3] = {0x3F80, 0xC060, 0x3E20};
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"h":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},)"
+      R"("bf":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}})";
+  const std::string path = write_raw(dir, header, bytes_of(h, 8) + bytes_of(bf, 6));
+  SafetensorsFile f(path);
+  const torch::Tensor th = f.to_float("h");
+  EXPECT_EQ(th.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(th, torch::tensor({1.0f, -2.0f, 0.5f, 65504.0f}).reshape({2, 2})));
+  EXPECT_TRUE(torch::equal(f.to_float("bf"), torch::tensor({1.0f, -3.5f, 0.15625f})));
+}
+
+TEST(Safetensors, OtherDtypesOpenButDoNotConvert) {
+  test::TempDir dir;
+  const int64_t v[2] = {1, 2};
+  const std::string path =
+      write_raw(dir, R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", bytes_of(v, 16));
+  SafetensorsFile f(path);
+  try {
+    f.to_float("ids");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(std::string(e.what()), "ids");
+    EXPECT_HAS(std::string(e.what()), "I64");
+  }
+}
+
+TEST(Safetensors, TooShortAndBadHeaderLength) {
+  test::TempDir dir;
+  std::ofstream(dir.file("empty"), std::ios::binary);
+  EXPECT_HAS(open_error(dir.file("empty")), "too short");
+  std::ofstream(dir.file("five"), std::ios::binary) << "12345";
+  EXPECT_HAS(open_error(dir.file("five")), "too short");
+  std::ofstream(dir.file("big"), std::ios::binary) << le64(1000) << "{}";
+  std::string e = open_error(dir.file("big"));
+  EXPECT_HAS(e, "header length 1000");
+  EXPECT_HAS(e, "beyond");
+  std::ofstream(dir.file("huge"), std::ios::binary) << le64(~uint64_t{0}) << "{}";
+  EXPECT_HAS(open_error(dir.file("huge")), "beyond");
+  EXPECT_HAS(open_error(dir.file("missing")), "cannot open");
+  EXPECT_HAS(open_error(dir.path()), "not a regular file");
+}
+
+TEST(Safetensors, HeaderNotJson) {
+  test::TempDir dir;
+  std::string e = open_error(write_raw(dir, "{\"a\": ", ""));
+  EXPECT_HAS(e, "not valid JSON");
+  EXPECT_HAS(e, "bytes 8-14");
+  EXPECT_HAS(open_error(write_raw(dir, "[1,2]", "")), "not a JSON object");
+  EXPECT_HAS(open_error(write_raw(dir, std::string("{\"a\":\xff}", 7), "")), "not valid JSON");
+  EXPECT_HAS(open_error(write_raw(dir, R"({"__metadata__":{"k":1}})", "")), "__metadata__");
+}
+
+TEST(Safetensors, BadEntriesNameTheTensor) {
+  test::TempDir dir;
+  const std::string data(16, '\0');
+  struct Case {
+    const char* header;
+    const char* part;
+  } cases[] = {
+      {R"({"w":{"dtype":"F33","shape":[4],"data_offsets":[0,16]}})", "unknown dtype \"F33\""},
+      {R"({"w":{"shape":[4],"data_offsets":[0,16]}})", "dtype"},
+      {R"({"w":{"dtype":"F32","data_offsets":[0,16]}})", "shape"},
+      {R"({"w":{"dtype":"F32","shape":[4]}})", "data_offsets"},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", "data_offsets"},
+      {R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", "shape entry -4"},
+      {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,16]}})", "shape entry"},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,-16]}})", "data_offsets"},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,32]}})", "out of range"},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[12,4]}})", "out of range"},
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[18446744073709551615,16]}})",
+       "out of range"},
+      {R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", "needs 12"},
+      {R"({"w":{"dtype":"F16","shape":[4],"data_offsets":[0,16]}})", "needs 8"},
+      {R"({"w":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,16]}})",
+       "overflows"},
+      {R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})",
+       "overflows"},
+      {R"({"w":7})", "not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = open_error(write_raw(dir, c.header, data));
+    EXPECT_HAS(e, "\"w\"");
+    EXPECT_HAS(e, c.part);
+  }
+}
+
+TEST(Safetensors, OverlappingTensors) {
+  test::TempDir dir;
+  const std::string data(32, '\0');
+  std::string e = open_error(write_raw(
+      dir,
+      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+      data));
+  EXPECT_HAS(e, "overlaps");
+  EXPECT_HAS(e, "\"a\"");
+  EXPECT_HAS(e, "\"b\"");
+  // A long tensor hiding an overlap behind a short one.
+  e = open_error(write_raw(
+      dir,
+      R"({"long":{"dtype":"F32","shape":[8],"data_offsets":[0,32]},"s1":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+      R"("s2":{"dtype":"F32","shape":[1],"data_offsets":[20,24]}})",
+      data));
+  EXPECT_HAS(e, "overlaps");
+  // Empty tensors overlap nothing.
+  EXPECT_EQ(open_error(write_raw(
+                dir,
+                R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})",
+                data)),
+            "");
+}
+
+TEST(Safetensors, TruncatedFileFromWriter) {
+  test::TempDir dir;
+  write_safetensors(dir.file("m.safetensors"), {{"w", torch::ones({64})}});
+  const auto size = std::filesystem::file_size(dir.file("m.safetensors"));
+  std::filesystem::resize_file(dir.file("m.safetensors"), size - 4);
+  const std::string e = open_error(dir.file("m.safetensors"));
+  EXPECT_HAS(e, "\"w\"");
+  EXPECT_HAS(e, "out of range");
+  std::filesystem::resize_file(dir.file("m.safetensors"), 20);
+  EXPECT_HAS(open_error(dir.file("m.safetensors")), "beyond");
+}
+
+// Random bytes and random corruptions of a valid file never crash the reader.
+TEST(Safetensors, FuzzedFilesThrowOrOpen) {
+  test::TempDir dir;
+  write_safetensors(dir.file("ok"), {{"a", torch::ones({3, 4})}, {"b", torch::zeros({5})}},
+                    {{"k", "v"}});
+  std::ifstream in(dir.file("ok"), std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t x = 88172645463325252ULL;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int i = 0; i < 300; ++i) {
+    std::string bad = good;
+    const int flips = 1 + static_cast<int>(next() % 4);
+    for (int k = 0; k < flips; ++k) bad[next() % bad.size()] = static_cast<char>(next());
+    if (i % 5 == 0) bad.resize(next() % bad.size());
+    std::ofstream(dir.file("bad"), std::ios::binary | std::ios::trunc) << bad;
+    try {
+      SafetensorsFile f(dir.file("bad"));
+      for (const auto& e : f.entries()) {
+        try {
+          f.to_float(e.name);
+        } catch (const std::runtime_error&) {
+        }
+      }
+    } catch (const std::runtime_error&) {
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::model
