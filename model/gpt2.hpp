@@ -9,6 +9,7 @@
 //                        (the varlen layout of vLLM: prefill chunks and decode
 //                        tokens mixed in one [T] batch).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <torch/types.h>
@@ -66,13 +67,26 @@ class Gpt2 {
                              PagedAttention attention = PagedAttention::kAuto) const;
 
  private:
-  Gpt2Config config_;
-  torch::Device device_;
-  // Layout chosen by the implementation (see gpt2.cpp).
+  // Weights on device_. Conv1D weights keep HF's [in, out] layout, contiguous,
+  // so every projection is one addmm (GEMM, or GEMV for a single row).
   struct Layer {
     torch::Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b;
     torch::Tensor ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
   };
+  // attend(layer, q, k, v): q, k, v are [T, n_head, head_dim] views of the
+  // layer's fused QKV projection; returns the merged heads [T, n_embd].
+  using AttendFn = std::function<torch::Tensor(int, const torch::Tensor&, const torch::Tensor&,
+                                               const torch::Tensor&)>;
+  torch::Tensor embed(const torch::Tensor& ids, const torch::Tensor& positions) const;
+  // Runs every block on x [T, E]. With keep_rows defined, the last block keeps
+  // only those rows after its attention (what follows is per row), so the
+  // result is [keep_rows.size(0), E].
+  torch::Tensor run_blocks(torch::Tensor x, const AttendFn& attend, const torch::Tensor& keep_rows) const;
+  torch::Tensor lm_head(const torch::Tensor& x) const;  // ln_f, then x @ wte^T
+  void check_ids(const std::vector<int32_t>& ids, const char* who) const;
+
+  Gpt2Config config_;
+  torch::Device device_;
   torch::Tensor wte_, wpe_, ln_f_w_, ln_f_b_;
   std::vector<Layer> layers_;
 };

@@ -1,0 +1,55 @@
+#pragma once
+// PagedKvCache: the K/V of many sequences in fixed-size blocks (Kwon et al.,
+// "Efficient Memory Management for Large Language Model Serving with
+// PagedAttention", SOSP 2023). A sequence's tokens live in the blocks its block
+// table names; slot = block * block_size + offset. Who owns which block is the
+// scheduler's business (BlockAllocator); this class only holds the memory.
+#include <cstdint>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "model/config.hpp"
+
+namespace troupe::model {
+
+class PagedKvCache {
+ public:
+  // num_blocks >= 1, block_size >= 1. Allocates 2 * n_layer pools of
+  // num_blocks * block_size * n_embd fp32 values on `device`, zero-filled.
+  PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size = 16,
+               torch::Device device = torch::kCPU);
+
+  // Bytes one block takes over all layers, K and V (fp32).
+  static int64_t bytes_per_block(const Gpt2Config& config, int64_t block_size);
+  // How many blocks fit in `bytes` (rounded down; may be 0).
+  static int64_t blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size = 16);
+
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t num_slots() const { return num_blocks_ * block_size_; }
+  int64_t bytes() const { return bytes_per_block(config_, block_size_) * num_blocks_; }
+  int n_layer() const { return config_.n_layer; }
+  int n_head() const { return config_.n_head; }
+  int head_dim() const { return config_.head_dim(); }
+  torch::Device device() const { return device_; }
+
+  // Pools of one layer: [num_blocks, n_head, block_size, head_dim], contiguous,
+  // so one head's block is one contiguous block_size x head_dim tile.
+  const torch::Tensor& k(int layer) const { return k_.at(static_cast<size_t>(layer)); }
+  const torch::Tensor& v(int layer) const { return v_.at(static_cast<size_t>(layer)); }
+
+  // Writes k, v ([T, n_head, head_dim], last dim contiguous, on the cache's
+  // device) into slots ([T] int64). On the CPU the slots are range-checked
+  // (std::invalid_argument); elsewhere the caller must have checked them.
+  void write(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
+
+ private:
+  Gpt2Config config_;
+  int64_t num_blocks_;
+  int64_t block_size_;
+  torch::Device device_;
+  std::vector<torch::Tensor> k_, v_;
+};
+
+}  // namespace troupe::model

@@ -1,0 +1,378 @@
+// Gpt2's three forward paths against each other and against an independent
+// per-position reference in double precision.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "model/gpt2.hpp"
+#include "model/paged_kv_cache.hpp"
+
+namespace troupe::model {
+namespace {
+
+// GPT-2's init leaves biases at 0, LayerNorm at 1/0 and attention almost
+// uniform; such weights hide a missing bias, a wrong scale or the wrong GELU.
+// Widen them so every parameter matters and attention is peaked.
+Gpt2Weights test_weights(const Gpt2Config& cfg, uint64_t seed) {
+  Gpt2Weights w = Gpt2Weights::random(cfg, seed);
+  at::manual_seed(static_cast<uint64_t>(seed) + 17);
+  auto jitter = [](torch::Tensor& t, double s) { t = t + s * torch::randn(t.sizes()); };
+  for (auto& l : w.layers) {
+    jitter(l.ln_1_weight, 0.2);
+    jitter(l.ln_1_bias, 0.2);
+    jitter(l.ln_2_weight, 0.2);
+    jitter(l.ln_2_bias, 0.2);
+    l.attn_c_attn_weight = l.attn_c_attn_weight * 10.0;
+    jitter(l.attn_c_attn_bias, 0.3);
+    jitter(l.attn_c_proj_bias, 0.1);
+    l.mlp_c_fc_weight = l.mlp_c_fc_weight * 8.0;
+    jitter(l.mlp_c_fc_bias, 0.5);
+    jitter(l.mlp_c_proj_bias, 0.1);
+  }
+  jitter(w.ln_f_weight, 0.2);
+  jitter(w.ln_f_bias, 0.2);
+  w.wte = w.wte * 5.0;
+  w.wpe = w.wpe * 5.0;
+  return w;
+}
+
+std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = d(rng);
+  return ids;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+// Independent GPT-2: double precision, explicit LayerNorm and tanh GELU, HF's
+// [in, out] weights as stored, attention one query position and head at a time.
+torch::Tensor reference_logits(const Gpt2Config& cfg, const Gpt2Weights& w, const std::vector<int32_t>& ids) {
+  auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  const double eps = cfg.layer_norm_epsilon;
+  auto layer_norm = [&](const torch::Tensor& x, const torch::Tensor& g, const torch::Tensor& b) {
+    const torch::Tensor mean = x.mean(-1, true);
+    const torch::Tensor var = (x - mean).pow(2).mean(-1, true);
+    return (x - mean) / (var + eps).sqrt() * d(g) + d(b);
+  };
+  auto gelu = [](const torch::Tensor& x) {
+    const double c = std::sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + torch::tanh(c * (x + 0.044715 * x.pow(3))));
+  };
+  const int64_t T = static_cast<int64_t>(ids.size()), E = cfg.n_embd, H = cfg.n_head, D = cfg.head_dim();
+  torch::Tensor x = torch::empty({T, E}, torch::kDouble);
+  for (int64_t t = 0; t < T; ++t) x[t] = d(w.wte[ids[static_cast<size_t>(t)]]) + d(w.wpe[t]);
+  for (const LayerWeights& l : w.layers) {
+    const torch::Tensor qkv = layer_norm(x, l.ln_1_weight, l.ln_1_bias).matmul(d(l.attn_c_attn_weight)) +
+                              d(l.attn_c_attn_bias);
+    torch::Tensor merged = torch::zeros({T, E}, torch::kDouble);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        const torch::Tensor q = qkv[t].slice(0, h * D, (h + 1) * D);
+        const torch::Tensor k = qkv.slice(0, 0, t + 1).slice(1, E + h * D, E + (h + 1) * D);
+        const torch::Tensor v = qkv.slice(0, 0, t + 1).slice(1, 2 * E + h * D, 2 * E + (h + 1) * D);
+        const torch::Tensor s = k.matmul(q) / std::sqrt(static_cast<double>(D));
+        const torch::Tensor e = (s - s.max()).exp();
+        merged[t].slice(0, h * D, (h + 1) * D) = (e / e.sum()).matmul(v);
+      }
+    }
+    x = x + merged.matmul(d(l.attn_c_proj_weight)) + d(l.attn_c_proj_bias);
+    const torch::Tensor f = gelu(layer_norm(x, l.ln_2_weight, l.ln_2_bias).matmul(d(l.mlp_c_fc_weight)) +
+                                 d(l.mlp_c_fc_bias));
+    x = x + f.matmul(d(l.mlp_c_proj_weight)) + d(l.mlp_c_proj_bias);
+  }
+  return layer_norm(x, w.ln_f_weight, w.ln_f_bias).matmul(d(w.wte).t());
+}
+
+class Gpt2Test : public ::testing::Test {
+ protected:
+  Gpt2Config cfg = Gpt2Config::preset("tiny");
+  Gpt2Weights weights = test_weights(cfg, 7);
+  Gpt2 model{cfg, weights, torch::kCPU};
+};
+
+TEST_F(Gpt2Test, FullMatchesIndependentReference) {
+  const auto ids = random_ids(23, 1, cfg.vocab_size);
+  const torch::Tensor got = model.forward_full(ids);
+  const torch::Tensor want = reference_logits(cfg, weights, ids);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_GT(want.abs().max().item<double>(), 1.0);  // logits large enough to show a defect
+  EXPECT_LT(max_diff(got, want), 1e-4);
+}
+
+TEST_F(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
+  // The reference and weights are sensitive enough: GELU(erf) instead of
+  // GELU(tanh), or the score scale off by a little, moves logits well past 1e-4.
+  const auto ids = random_ids(16, 2, cfg.vocab_size);
+  const torch::Tensor want = reference_logits(cfg, weights, ids);
+  Gpt2Weights scaled = weights;
+  for (auto& l : scaled.layers) {
+    l.attn_c_attn_weight = l.attn_c_attn_weight.clone();
+    l.attn_c_attn_bias = l.attn_c_attn_bias.clone();
+    l.attn_c_attn_weight.slice(1, 0, cfg.n_embd).mul_(1.05);  // q only: score scale x1.05
+    l.attn_c_attn_bias.slice(0, 0, cfg.n_embd).mul_(1.05);
+  }
+  EXPECT_GT(max_diff(Gpt2(cfg, scaled, torch::kCPU).forward_full(ids), want), 1e-3);
+  const torch::Tensor x = torch::linspace(-3, 3, 101, torch::kDouble);
+  EXPECT_GT((at::gelu(x, "tanh") - at::gelu(x)).abs().max().item<double>(), 1e-4);
+}
+
+TEST_F(Gpt2Test, ContiguousMatchesFullStepByStepAndGreedy) {
+  std::vector<int32_t> seq = random_ids(9, 3, cfg.vocab_size);
+  ContiguousKv kv = model.make_contiguous_cache(40);
+  // Prefill in two chunks (the second sees a cache), then greedy decode.
+  torch::Tensor logits = model.forward_contiguous({seq.begin(), seq.begin() + 5}, kv);
+  EXPECT_LT(max_diff(logits, model.forward_full({seq.begin(), seq.begin() + 5})), 1e-4);
+  logits = model.forward_contiguous({seq.begin() + 5, seq.end()}, kv);
+  EXPECT_LT(max_diff(logits, model.forward_full(seq).slice(0, 5)), 1e-4);
+  EXPECT_EQ(kv.length, 9);
+  for (int step = 0; step < 20; ++step) {
+    const torch::Tensor full = model.forward_full(seq);
+    const auto greedy_full = static_cast<int32_t>(full[-1].argmax().item<int64_t>());
+    const auto greedy_kv = static_cast<int32_t>(logits[-1].argmax().item<int64_t>());
+    ASSERT_LT(max_diff(logits[-1], full[-1]), 1e-4) << "step " << step;
+    ASSERT_EQ(greedy_kv, greedy_full) << "step " << step;
+    seq.push_back(greedy_kv);
+    logits = model.forward_contiguous({greedy_kv}, kv);
+  }
+  EXPECT_EQ(kv.length, 29);
+}
+
+TEST_F(Gpt2Test, FullAndContiguousRejectBadInput) {
+  EXPECT_THROW(model.forward_full({}), std::invalid_argument);
+  EXPECT_THROW(model.forward_full(std::vector<int32_t>(cfg.n_positions + 1, 1)), std::invalid_argument);
+  EXPECT_THROW(model.forward_full({1, cfg.vocab_size}), std::invalid_argument);
+  EXPECT_THROW(model.forward_full({-1}), std::invalid_argument);
+  EXPECT_THROW(model.make_contiguous_cache(0), std::invalid_argument);
+  EXPECT_THROW(model.make_contiguous_cache(cfg.n_positions + 1), std::invalid_argument);
+  ContiguousKv kv = model.make_contiguous_cache(4);
+  model.forward_contiguous({1, 2, 3}, kv);
+  EXPECT_THROW(model.forward_contiguous({4, 5}, kv), std::invalid_argument);
+  EXPECT_EQ(kv.length, 3);
+  model.forward_contiguous({4}, kv);
+  EXPECT_EQ(kv.length, 4);
+}
+
+TEST(Gpt2Construct, RejectsWeightsOfAnotherShape) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  Gpt2Weights w = Gpt2Weights::random(cfg, 1);
+  w.layers[1].mlp_c_fc_weight = w.layers[1].mlp_c_fc_weight.t();
+  EXPECT_THROW(Gpt2(cfg, w, torch::kCPU), std::invalid_argument);
+  w = Gpt2Weights::random(cfg, 1);
+  w.layers.pop_back();
+  EXPECT_THROW(Gpt2(cfg, w, torch::kCPU), std::invalid_argument);
+}
+
+// One sequence of the simulated scheduler: its tokens, its (shuffled) blocks,
+// how many are in the cache, and forward_full's logits for every prefix.
+struct SimSeq {
+  std::vector<int32_t> tokens;
+  int64_t prompt_len = 0;
+  std::vector<int32_t> blocks;
+  int64_t done = 0;
+  torch::Tensor full;
+};
+
+// Chunked prefill mixed with decodes of other sequences over random block
+// tables: every sampled row must equal forward_full on that row's prefix.
+void run_scheduled(const Gpt2& model, int64_t block_size, PagedAttention attention, uint32_t seed) {
+  const Gpt2Config& cfg = model.config();
+  std::mt19937 rng(seed);
+  const std::vector<int64_t> lengths{37, 5, 70, 19, 100, 1};
+  std::vector<SimSeq> seqs;
+  int64_t blocks_needed = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SimSeq s;
+    s.tokens = random_ids(static_cast<int>(lengths[i]), seed * 31 + static_cast<uint32_t>(i), cfg.vocab_size);
+    s.prompt_len = std::max<int64_t>(1, lengths[i] * 2 / 3);
+    s.full = model.forward_full(s.tokens);
+    blocks_needed += (lengths[i] + block_size - 1) / block_size;
+    seqs.push_back(std::move(s));
+  }
+  const int64_t num_blocks = blocks_needed + 7;
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next_block = 0;
+  for (auto& s : seqs)
+    for (int64_t b = 0; b < (static_cast<int64_t>(s.tokens.size()) + block_size - 1) / block_size; ++b)
+      s.blocks.push_back(ids[next_block++]);
+
+  PagedKvCache cache(cfg, num_blocks, block_size);
+  int sampled_rows = 0;
+  for (int step = 0; step < 1000; ++step) {
+    std::vector<int64_t> tok, pos, slot, qs{0}, ctx, rows;
+    std::vector<size_t> members;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      SimSeq& s = seqs[i];
+      const auto len = static_cast<int64_t>(s.tokens.size());
+      if (s.done == len || static_cast<int>(i) > step || rng() % 10 < 3) continue;  // staggered, some skipped
+      const int64_t n = s.done < s.prompt_len
+                            ? std::min<int64_t>(s.prompt_len - s.done, 1 + static_cast<int64_t>(rng() % 13))
+                            : 1;
+      for (int64_t p = s.done; p < s.done + n; ++p) {
+        tok.push_back(s.tokens[static_cast<size_t>(p)]);
+        pos.push_back(p);
+        slot.push_back(static_cast<int64_t>(s.blocks[static_cast<size_t>(p / block_size)]) * block_size + p % block_size);
+      }
+      s.done += n;
+      qs.push_back(static_cast<int64_t>(tok.size()));
+      ctx.push_back(s.done);
+      members.push_back(i);
+    }
+    if (members.empty()) {
+      if (std::all_of(seqs.begin(), seqs.end(), [](const SimSeq& s) { return s.done == (int64_t)s.tokens.size(); }))
+        break;
+      continue;
+    }
+    const auto S = static_cast<int64_t>(members.size());
+    int64_t max_blocks = 0;
+    for (int64_t c : ctx) max_blocks = std::max(max_blocks, (c + block_size - 1) / block_size);
+    torch::Tensor tables = torch::zeros({S, max_blocks}, torch::kInt);
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t b = 0; b < (ctx[j] + block_size - 1) / block_size; ++b)
+        tables[j][b] = seqs[members[j]].blocks[static_cast<size_t>(b)];
+    const bool all_rows = step % 3 == 0;
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t r = all_rows ? qs[j] : qs[j + 1] - 1; r < qs[j + 1]; ++r) rows.push_back(r);
+
+    FlatBatch batch;
+    batch.token_ids = torch::tensor(tok, torch::kLong);
+    batch.positions = torch::tensor(pos, torch::kLong);
+    batch.slot_mapping = torch::tensor(slot, torch::kLong);
+    batch.query_start = qs;
+    batch.context_lens = ctx;
+    batch.block_tables = tables;
+    batch.sample_rows = rows;
+    const torch::Tensor logits = model.forward_step(batch, cache, attention);
+    ASSERT_EQ(logits.size(0), static_cast<int64_t>(rows.size()));
+    ASSERT_EQ(logits.size(1), cfg.vocab_size);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int64_t r = rows[k];
+      const auto j = static_cast<size_t>(std::upper_bound(qs.begin(), qs.end(), r) - qs.begin() - 1);
+      const torch::Tensor want = seqs[members[j]].full[pos[static_cast<size_t>(r)]];
+      ASSERT_LT(max_diff(logits[static_cast<int64_t>(k)], want), 1e-4)
+          << "step " << step << " seq " << members[j] << " position " << pos[static_cast<size_t>(r)];
+      ++sampled_rows;
+    }
+  }
+  for (const auto& s : seqs) EXPECT_EQ(s.done, static_cast<int64_t>(s.tokens.size()));
+  EXPECT_GT(sampled_rows, 100);
+}
+
+TEST_F(Gpt2Test, StepMatchesFullAcrossChunkedPrefillAndDecodes) {
+  for (int64_t bs : {16, 8}) {
+    for (auto attention : {PagedAttention::kKernel, PagedAttention::kGather, PagedAttention::kAuto}) {
+      SCOPED_TRACE("block_size " + std::to_string(bs) + " attention " + std::to_string(static_cast<int>(attention)));
+      run_scheduled(model, bs, attention, static_cast<uint32_t>(bs) * 3 + static_cast<uint32_t>(attention));
+    }
+  }
+}
+
+// Two sequences: one prefilling rows 0..2 at positions 4..6, one decoding at 9.
+FlatBatch valid_batch(int64_t bs) {
+  FlatBatch b;
+  b.token_ids = torch::tensor(std::vector<int64_t>{11, 12, 13, 14}, torch::kLong);
+  b.positions = torch::tensor(std::vector<int64_t>{4, 5, 6, 9}, torch::kLong);
+  b.block_tables = torch::tensor(std::vector<int32_t>{3, 0, 5, 1}, torch::kInt).view({2, 2});
+  b.slot_mapping = torch::tensor(std::vector<int64_t>{3 * bs + 4, 3 * bs + 5, 3 * bs + 6, 5 * bs + 9 % bs},
+                                 torch::kLong);
+  if (bs < 10) b.slot_mapping[3] = 1 * bs + 9 % bs;
+  b.query_start = {0, 3, 4};
+  b.context_lens = {7, 10};
+  b.sample_rows = {2, 3};
+  return b;
+}
+
+TEST_F(Gpt2Test, StepRejectsBadBatchesWithoutTouchingTheCache) {
+  PagedKvCache cache(cfg, 8, 16);
+  const torch::Tensor k0 = cache.k(0).clone(), v1 = cache.v(1).clone();
+  auto expect_bad = [&](const FlatBatch& b, const char* what) {
+    EXPECT_THROW(model.forward_step(b, cache), std::invalid_argument) << what;
+    EXPECT_THROW(model.forward_step(b, cache, PagedAttention::kGather), std::invalid_argument) << what;
+  };
+  FlatBatch b = valid_batch(16);
+  b.positions = b.positions.clone();
+  b.positions[3] = cfg.n_positions + 2;
+  expect_bad(b, "position beyond n_positions");
+  b = valid_batch(16);
+  b.context_lens[1] = cfg.n_positions + 1;
+  expect_bad(b, "context beyond n_positions");
+  b = valid_batch(16);
+  b.slot_mapping = b.slot_mapping.clone();
+  b.slot_mapping[0] = cache.num_slots() + 3;
+  expect_bad(b, "slot beyond the pool");
+  b = valid_batch(16);
+  b.slot_mapping = b.slot_mapping.clone();
+  b.slot_mapping[1] = 2;
+  expect_bad(b, "slot disagreeing with the block table");
+  b = valid_batch(16);
+  b.positions = b.positions.slice(0, 0, 3);
+  expect_bad(b, "positions shorter than the tokens");
+  b = valid_batch(16);
+  b.query_start = {0, 3, 5};
+  expect_bad(b, "query_start not ending at T");
+  b = valid_batch(16);
+  b.context_lens = {7};
+  expect_bad(b, "context_lens of another length");
+  b = valid_batch(16);
+  b.context_lens = {2, 10};
+  expect_bad(b, "context shorter than the chunk");
+  b = valid_batch(16);
+  b.block_tables = b.block_tables.slice(0, 0, 1);
+  expect_bad(b, "block_tables rows != S");
+  b = valid_batch(16);
+  b.block_tables = b.block_tables.clone();
+  b.block_tables[1][0] = 8;
+  expect_bad(b, "block beyond the pool");
+  b = valid_batch(16);
+  b.sample_rows = {4};
+  expect_bad(b, "sample row beyond T");
+  b = valid_batch(16);
+  b.token_ids = torch::tensor(std::vector<int64_t>{11, 12, cfg.vocab_size, 14}, torch::kLong);
+  expect_bad(b, "token beyond the vocabulary");
+  b = valid_batch(16);
+  b.token_ids = torch::empty({0}, torch::kLong);
+  b.positions = b.slot_mapping = b.token_ids;
+  b.query_start = {0};
+  b.context_lens = {};
+  b.block_tables = torch::zeros({0, 1}, torch::kInt);
+  expect_bad(b, "empty batch");
+  PagedKvCache other(Gpt2Config::preset("gpt2"), 1, 16);
+  EXPECT_THROW(model.forward_step(valid_batch(16), other), std::invalid_argument);
+
+  EXPECT_TRUE(torch::equal(cache.k(0), k0));
+  EXPECT_TRUE(torch::equal(cache.v(1), v1));
+  // The valid batch itself runs; earlier positions of each sequence are
+  // whatever the (zeroed) cache holds, so only the shape is checked here.
+  const torch::Tensor logits = model.forward_step(valid_batch(16), cache);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, cfg.vocab_size}));
+  EXPECT_FALSE(torch::equal(cache.k(0), k0));
+}
+
+TEST_F(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
+  PagedKvCache a(cfg, 8, 8), b(cfg, 8, 8);
+  FlatBatch batch = valid_batch(8);
+  const torch::Tensor with = model.forward_step(batch, a);
+  batch.sample_rows.clear();
+  const torch::Tensor without = model.forward_step(batch, b);
+  EXPECT_EQ(with.size(0), 2);
+  EXPECT_EQ(without.size(0), 0);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    EXPECT_TRUE(torch::equal(a.k(l), b.k(l)));
+    EXPECT_TRUE(torch::equal(a.v(l), b.v(l)));
+  }
+}
+
+}  // namespace
+}  // namespace troupe::model
