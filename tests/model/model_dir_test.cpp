@@ -1,0 +1,185 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_dir.hpp"
+#include "tiny_model.hpp"
+
+namespace troupe::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string load_error(const std::string& dir) {
+  try {
+    testing::internal::CaptureStderr();
+    load_model_dir(dir);
+    testing::internal::GetCapturedStderr();
+  } catch (const std::runtime_error& e) {
+    testing::internal::GetCapturedStderr();
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelDir, RandomModelRoundTrip) {
+  test::TempDir dir;
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  write_random_model(dir.path(), cfg, 77, test::tokenizer_dir());
+  for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt"}) {
+    EXPECT_TRUE(fs::is_regular_file(dir.file(f))) << f;
+  }
+  EXPECT_EQ(slurp(dir.file("vocab.json")), slurp(test::tokenizer_dir() + "/vocab.json"));
+  EXPECT_EQ(slurp(dir.file("merges.txt")), slurp(test::tokenizer_dir() + "/merges.txt"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir.file("config.json")))["troupe_random_weights"], true);
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+  }
+
+  testing::internal::CaptureStderr();
+  const ModelDir m = load_model_dir(dir.path());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_HAS(err, "RANDOM WEIGHTS");
+  EXPECT_HAS(err, "troupe download gpt2");
+  EXPECT_EQ(m.path, dir.path());
+  EXPECT_TRUE(m.config.random_weights);
+  EXPECT_EQ(m.config.n_layer, 2);
+  EXPECT_EQ(m.config.n_embd, 64);
+  EXPECT_EQ(m.tokenizer.vocab_size(), 50257);
+  EXPECT_EQ(m.tokenizer.decode(m.tokenizer.encode("Hello world")), "Hello world");
+  const Gpt2Weights want = Gpt2Weights::random(cfg, 77);
+  const auto a = want.named();
+  const auto b = m.weights.named();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+}
+
+TEST(ModelDir, SameSeedSameFiles) {
+  test::TempDir a, b;
+  write_random_model(a.path(), Gpt2Config::preset("tiny"), 5, test::tokenizer_dir());
+  write_random_model(b.path(), Gpt2Config::preset("tiny"), 5, test::tokenizer_dir());
+  EXPECT_EQ(slurp(a.file("model.safetensors")), slurp(b.file("model.safetensors")));
+  EXPECT_EQ(slurp(a.file("config.json")), slurp(b.file("config.json")));
+}
+
+TEST(ModelDir, TrainedModelHasNoBanner) {
+  test::TempDir dir;
+  write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, test::tokenizer_dir());
+  Gpt2Config c = Gpt2Config::preset("tiny");
+  c.random_weights = false;
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << c.to_json();
+  testing::internal::CaptureStderr();
+  const ModelDir m = load_model_dir(dir.path());
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_FALSE(m.config.random_weights);
+}
+
+TEST(ModelDir, SharedTinyModelLoads) {
+  const std::string dir = test::tiny_model_dir();
+  EXPECT_EQ(dir, test::tiny_model_dir());
+  testing::internal::CaptureStderr();
+  const ModelDir m = load_model_dir(dir);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(m.config.n_positions, 128);
+  EXPECT_TRUE(torch::equal(m.weights.wte, Gpt2Weights::random(Gpt2Config::preset("tiny"), 1234).wte));
+}
+
+TEST(ModelDir, MissingFilesAreNamedWithTheWayOut) {
+  test::TempDir dir;
+  write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, test::tokenizer_dir());
+  fs::remove(dir.file("model.safetensors"));
+  fs::remove(dir.file("merges.txt"));
+  const std::string e = load_error(dir.path());
+  EXPECT_HAS(e, "lacks model.safetensors, merges.txt ");
+  EXPECT_HAS(e, "troupe download gpt2 --to " + dir.path());
+  EXPECT_HAS(e, "troupe init-model --out " + dir.path());
+
+  const std::string none = load_error(dir.file("nowhere"));
+  EXPECT_HAS(none, "does not exist");
+  EXPECT_HAS(none, "troupe download gpt2");
+}
+
+TEST(ModelDir, BrokenFilesAreNamed) {
+  test::TempDir dir;
+  write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, test::tokenizer_dir());
+  const std::string good_config = slurp(dir.file("config.json"));
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << "{not json";
+  std::string e = load_error(dir.path());
+  EXPECT_HAS(e, "config.json");
+  EXPECT_HAS(e, "not valid JSON");
+  EXPECT_HAS(e, "troupe download gpt2");
+
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << good_config;
+  fs::resize_file(dir.file("model.safetensors"), 100);
+  e = load_error(dir.path());
+  EXPECT_HAS(e, "model.safetensors");
+  EXPECT_HAS(e, "troupe init-model");
+
+  // config.json from another model: the weights do not fit it.
+  write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, test::tokenizer_dir());
+  Gpt2Config wider = Gpt2Config::preset("tiny");
+  wider.n_embd = 128;
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << wider.to_json();
+  e = load_error(dir.path());
+  EXPECT_HAS(e, "wte.weight");
+  EXPECT_HAS(e, "[50257, 128]");
+
+  // A vocabulary larger than the model's.
+  Gpt2Config small_vocab = Gpt2Config::preset("tiny");
+  small_vocab.vocab_size = 1000;
+  small_vocab.eos_token_id = 999;
+  std::ofstream(dir.file("config.json"), std::ios::trunc) << small_vocab.to_json();
+  e = load_error(dir.path());
+  EXPECT_HAS(e, "vocab_size");
+}
+
+TEST(ModelDir, WriteNeedsTokenizerFiles) {
+  test::TempDir tok, out;
+  try {
+    write_random_model(out.file("m"), Gpt2Config::preset("tiny"), 1, tok.path());
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(std::string(e.what()), "vocab.json");
+    EXPECT_HAS(std::string(e.what()), tok.path());
+  }
+  EXPECT_FALSE(fs::exists(out.file("m/model.safetensors")));
+  Gpt2Config bad = Gpt2Config::preset("tiny");
+  bad.n_head = 5;
+  EXPECT_THROW(write_random_model(out.file("m"), bad, 1, test::tokenizer_dir()), std::invalid_argument);
+}
+
+TEST(ModelDir, WriteIntoTheTokenizerFolderItself) {
+  test::TempDir dir;
+  fs::copy_file(test::tokenizer_dir() + "/vocab.json", dir.file("vocab.json"));
+  fs::copy_file(test::tokenizer_dir() + "/merges.txt", dir.file("merges.txt"));
+  write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, dir.path());
+  EXPECT_EQ(slurp(dir.file("vocab.json")), slurp(test::tokenizer_dir() + "/vocab.json"));
+  testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(load_model_dir(dir.path()));
+  testing::internal::GetCapturedStderr();
+}
+
+TEST(ModelDir, WarningNamesTheFolder) {
+  const std::string w = random_weights_warning("/some/dir");
+  EXPECT_HAS(w, "RANDOM WEIGHTS");
+  EXPECT_HAS(w, "/some/dir");
+  EXPECT_HAS(w, "NOISE");
+  EXPECT_HAS(w, "troupe download gpt2");
+}
+
+}  // namespace
+}  // namespace troupe::model
