@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <c10/core/Device.h>
 
 namespace troupe::cli {
 
@@ -23,6 +24,9 @@ void add_batch_command(CLI::App& app, Registry& registry);      // batch
 
 // The default tokenizer folder (GPT-2's vocab.json + merges.txt), used by init-model.
 std::string default_tokenizer_dir();
+
+// "cpu", "cuda", "cuda:1" -> a device; std::invalid_argument on junk or when CUDA is absent.
+c10::Device parse_device(const std::string& text);
 
 // "1,2,3" -> ids; throws std::invalid_argument naming the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text);

@@ -1,0 +1,280 @@
+// troupe batch: an offline JSONL file of jobs through the paged engine.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/engine.hpp"
+#include "cli/command.hpp"
+#include "model/gpt2.hpp"
+#include "model/model_dir.hpp"
+#include "model/paged_kv_cache.hpp"
+
+namespace troupe::cli {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct BatchFlags {
+  std::string model, input, output, kv_memory = "2GiB", device = "cpu";
+  int32_t max_num_seqs = 256, max_batched_tokens = 2048, block_size = 16, num_blocks = 0;
+  uint64_t seed = 0;
+  bool no_prefix_caching = false, quiet = false;
+};
+
+// One input line, turned into a request (or the reason it cannot be one).
+struct Job {
+  json id;                    // echoed back as given (line number when absent)
+  std::optional<actors::Request> request;
+  bool logprobs = false;
+  json output;                // the finished output line
+  bool done = false;
+};
+
+const std::set<std::string> kFields = {"id",  "prompt", "prompt_ids", "max_tokens", "temperature", "top_k",
+                                       "top_p", "seed",  "stop",       "logprobs",   "ignore_eos",  "priority"};
+
+template <class T>
+T get_number(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) throw std::invalid_argument(std::string("\"") + key + "\" must be an integer");
+  } else {
+    if (!v.is_number()) throw std::invalid_argument(std::string("\"") + key + "\" must be a number");
+  }
+  return v.get<T>();
+}
+
+actors::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logprobs) {
+  if (!j.is_object()) throw std::invalid_argument("a line must be a JSON object");
+  for (const auto& [k, v] : j.items())
+    if (!kFields.count(k)) throw std::invalid_argument("unknown field \"" + k + "\"");
+  actors::Request r;
+  if (j.contains("prompt") == j.contains("prompt_ids"))
+    throw std::invalid_argument("give exactly one of \"prompt\" (text) or \"prompt_ids\" (array of ids)");
+  if (j.contains("prompt")) {
+    if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
+    r.prompt_ids = tok.encode(j["prompt"].get<std::string>());
+  } else {
+    if (!j["prompt_ids"].is_array()) throw std::invalid_argument("\"prompt_ids\" must be an array of ids");
+    for (const auto& v : j["prompt_ids"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        throw std::invalid_argument("\"prompt_ids\" must hold non-negative integer ids");
+      r.prompt_ids.push_back(v.get<int32_t>());
+    }
+  }
+  if (j.contains("max_tokens")) {
+    int64_t m = get_number<int64_t>(j, "max_tokens");
+    if (m < 1 || m > INT32_MAX) throw std::invalid_argument("\"max_tokens\" must be at least 1");
+    r.max_tokens = static_cast<int32_t>(m);
+  }
+  if (j.contains("temperature")) r.sampling.temperature = get_number<float>(j, "temperature");
+  if (j.contains("top_k")) r.sampling.top_k = get_number<int32_t>(j, "top_k");
+  if (j.contains("top_p")) r.sampling.top_p = get_number<float>(j, "top_p");
+  if (j.contains("seed")) {
+    if (!j["seed"].is_number_unsigned()) throw std::invalid_argument("\"seed\" must be a non-negative integer");
+    r.seed = j["seed"].get<uint64_t>();
+  }
+  if (j.contains("logprobs")) {
+    r.sampling.logprobs = get_number<int32_t>(j, "logprobs");
+    logprobs = r.sampling.logprobs >= 0;
+  }
+  if (j.contains("stop")) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      r.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const auto& v : s) {
+        if (!v.is_string()) throw std::invalid_argument("\"stop\" must be a string or an array of strings");
+        r.stop.push_back(v.get<std::string>());
+      }
+    } else {
+      throw std::invalid_argument("\"stop\" must be a string or an array of strings");
+    }
+  }
+  if (j.contains("ignore_eos")) {
+    if (!j["ignore_eos"].is_boolean()) throw std::invalid_argument("\"ignore_eos\" must be true or false");
+    r.ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  if (j.contains("priority")) r.priority = get_number<int32_t>(j, "priority");
+  return r;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+class Progress {
+ public:
+  Progress(size_t total, bool quiet) : total_(total), quiet_(quiet), tty_(isatty(STDERR_FILENO)) {}
+  void update(size_t done, int64_t tokens, double seconds, bool force = false) {
+    if (quiet_) return;
+    auto now = Clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(tty_ ? 200 : 5000)) return;
+    last_ = now;
+    const int width = 30;
+    int fill = total_ ? static_cast<int>(width * done / total_) : width;
+    std::string bar(fill, '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "%s[%s] %zu/%zu requests | %lld tokens | %.1f tok/s%s", tty_ ? "\r" : "", bar.c_str(), done,
+                 total_, static_cast<long long>(tokens), seconds > 0 ? tokens / seconds : 0.0, tty_ ? "" : "\n");
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (!quiet_ && tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  size_t total_;
+  bool quiet_, tty_;
+  Clock::time_point last_{};
+};
+
+int run_batch(const BatchFlags& f) {
+  c10::Device device = parse_device(f.device);
+  std::ifstream in(f.input);
+  if (!in) throw std::invalid_argument("cannot read --input '" + f.input + "'");
+  std::ofstream out(f.output);
+  if (!out) throw std::invalid_argument("cannot write --output '" + f.output + "'");
+
+  auto dir = model::load_model_dir(f.model);
+  const auto& cfg = dir.config;
+  actors::SchedulerOptions so;
+  so.block_size = f.block_size;
+  so.num_blocks = f.num_blocks;
+  if (so.num_blocks == 0) {
+    int64_t blocks = model::PagedKvCache::blocks_for_memory(cfg, actors::parse_memory_size(f.kv_memory), f.block_size);
+    if (blocks < 1) throw std::invalid_argument("--kv-memory " + f.kv_memory + " holds not even one KV block");
+    so.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+  }
+  so.max_num_seqs = f.max_num_seqs;
+  so.max_num_batched_tokens = f.max_batched_tokens;
+  so.max_model_len = cfg.n_positions;
+  so.vocab_size = cfg.vocab_size;
+  so.eos_id = cfg.eos_token_id;
+  so.enable_prefix_caching = !f.no_prefix_caching;
+  so.seed = f.seed;
+  model::Gpt2 gpt(cfg, dir.weights, device);
+  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
+  actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
+
+  // Read and submit every line; bad lines get their error output at once.
+  std::vector<Job> jobs;
+  std::string line;
+  size_t failed = 0;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Job job;
+    job.id = jobs.size() + 1;
+    try {
+      json j = json::parse(line);
+      if (j.is_object() && j.contains("id")) job.id = j["id"];
+      actors::Request r = parse_job(j, dir.tokenizer, job.logprobs);
+      r.id = jobs.size();
+      if (auto err = engine.submit(r)) throw std::invalid_argument(*err);
+      job.request = std::move(r);
+    } catch (const std::exception& e) {
+      job.output = json{{"id", job.id}, {"error", e.what()}};
+      job.done = true;
+      ++failed;
+    }
+    jobs.push_back(std::move(job));
+  }
+
+  Progress progress(jobs.size(), f.quiet);
+  size_t done = failed, written = 0;
+  int64_t out_tokens = 0, prompt_tokens = 0;
+  auto t0 = Clock::now();
+  auto flush_ready = [&] {
+    while (written < jobs.size() && jobs[written].done) out << dump(jobs[written++].output) << '\n';
+    out.flush();
+  };
+  flush_ready();
+  while (engine.has_unfinished()) {
+    if (!engine.step())
+      throw std::runtime_error("the engine cannot schedule the waiting requests (KV pool too small?)");
+    for (auto& ev : engine.take_events()) {
+      Job& job = jobs.at(ev.request_id);
+      if (!ev.finished) {
+        if (job.logprobs) {
+          json top = json::array();
+          for (const auto& [id, p] : ev.top_logprobs) top.push_back({id, p});
+          job.output["logprobs"].push_back({{"id", ev.token_id}, {"logprob", ev.logprob}, {"top", top}});
+        }
+        continue;
+      }
+      json o{{"id", job.id},
+             {"ids", ev.output_ids},
+             {"text", ev.text},
+             {"finish_reason", actors::to_string(ev.finish_reason)},
+             {"usage",
+              {{"prompt_tokens", ev.usage.prompt_tokens},
+               {"completion_tokens", ev.usage.completion_tokens},
+               {"cached_tokens", ev.usage.cached_tokens}}}};
+      if (job.logprobs) o["logprobs"] = job.output.value("logprobs", json::array());
+      job.output = std::move(o);
+      job.done = true;
+      ++done;
+      out_tokens += ev.usage.completion_tokens;
+      prompt_tokens += ev.usage.prompt_tokens;
+    }
+    flush_ready();
+    progress.update(done, out_tokens, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  progress.update(done, out_tokens, secs, true);
+  progress.finish();
+  flush_ready();
+
+  auto st = engine.scheduler().stats();
+  const auto& es = engine.stats();
+  std::fprintf(stderr,
+               "requests: %zu (%zu ok, %zu failed) | prompt tokens: %lld | output tokens: %lld | %.2f s | "
+               "%.1f output tok/s\n"
+               "steps: %lld | KV: %d blocks x %d, mean utilisation %.1f%% | preemptions: %lld | "
+               "prefix cache: %lld/%lld prompt tokens hit (%.1f%%) | scheduling %.2f%% of model time\n",
+               jobs.size(), jobs.size() - failed, failed, static_cast<long long>(prompt_tokens),
+               static_cast<long long>(out_tokens), secs, secs > 0 ? out_tokens / secs : 0.0,
+               static_cast<long long>(es.steps), so.num_blocks, so.block_size, 100.0 * es.mean_kv_utilization(),
+               static_cast<long long>(st.preemptions), static_cast<long long>(st.prefix_hit_tokens),
+               static_cast<long long>(st.prefix_query_tokens),
+               st.prefix_query_tokens ? 100.0 * st.prefix_hit_tokens / st.prefix_query_tokens : 0.0,
+               es.forward_ms > 0 ? 100.0 * es.schedule_ms / es.forward_ms : 0.0);
+  return 0;  // per-job errors are in the output file
+}
+
+}  // namespace
+
+void add_batch_command(CLI::App& app, Registry& registry) {
+  auto* sub = app.add_subcommand("batch", "Run a JSONL file of jobs offline through the paged engine");
+  auto f = std::make_shared<BatchFlags>();
+  sub->add_option("--model", f->model, "Model folder")->required();
+  sub->add_option("--input", f->input,
+                  "JSONL jobs: {\"id\", \"prompt\" | \"prompt_ids\", \"max_tokens\", \"temperature\", \"top_k\", "
+                  "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"priority\"}")
+      ->required();
+  sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
+  sub->add_option("--max-num-seqs", f->max_num_seqs, "Running sequences per step at most")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--max-batched-tokens", f->max_batched_tokens, "Tokens per step at most (decodes + prompt chunks)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--block-size", f->block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
+  sub->add_option("--kv-memory", f->kv_memory, "KV cache memory, e.g. 2GiB, 512MiB");
+  sub->add_option("--num-blocks", f->num_blocks, "KV blocks (overrides --kv-memory)")->check(CLI::PositiveNumber);
+  sub->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
+  sub->add_option("--seed", f->seed, "Base seed for jobs that give none");
+  sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  sub->add_flag("--quiet", f->quiet, "No progress bar");
+  registry.push_back({sub, [f] { return run_batch(*f); }});
+}
+
+}  // namespace troupe::cli
