@@ -1,0 +1,165 @@
+// bench_paged_attention: measured side by side in one run (fp32, random data;
+// speed does not depend on values).
+//  1. A decode step's paged attention (1 query per sequence) at batch 16,
+//     context 512, GPT-2's 12 heads x 64, block 16: the in-place CPU kernel vs
+//     the portable gather path.
+//  2. Gpt2::forward_step decode steps on GPT-2 124M (context 128) at batch 1,
+//     16 and 64 against a floor: one plain matrix-vector product over every
+//     weight matrix (4 per block and the tied LM head), i.e. what a decode
+//     step must at least stream from memory. Skipped with --attention-only.
+//
+//   build-*/bench_paged_attention [--attention-only] [--iters N]
+// Threads: TROUPE_THREADS if set, else 2 (torch intra-op and OpenBLAS).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "model/config.hpp"
+#include "model/gpt2.hpp"
+#include "model/paged_attention.hpp"
+#include "model/paged_kv_cache.hpp"
+#include "model/threading.hpp"
+#include "model/weights.hpp"
+
+using namespace troupe::model;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Median wall time of fn in ms, after warm-up runs.
+double median_ms(int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Shuffled blocks for `batch` sequences of `ctx` tokens each.
+torch::Tensor block_tables(int64_t batch, int64_t ctx, int64_t bs, int64_t num_blocks, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const int64_t per = (ctx + bs - 1) / bs;
+  torch::Tensor t = torch::empty({batch, per}, torch::kInt);
+  for (int64_t s = 0; s < batch; ++s)
+    for (int64_t b = 0; b < per; ++b) t[s][b] = ids[static_cast<size_t>(s * per + b)];
+  return t;
+}
+
+void bench_attention(int iters) {
+  const int64_t B = 16, ctx = 512, H = 12, D = 64, bs = 16;
+  const int64_t nb = B * ((ctx + bs - 1) / bs) + 8;
+  std::mt19937 rng(1);
+  PagedAttentionInput in;
+  in.q = torch::randn({B, H, D});
+  in.k_pool = torch::randn({nb, H, bs, D});
+  in.v_pool = torch::randn({nb, H, bs, D});
+  in.block_tables = block_tables(B, ctx, bs, nb, rng);
+  for (int64_t s = 0; s <= B; ++s) in.query_start.push_back(s);
+  in.context_lens.assign(static_cast<size_t>(B), ctx);
+  const double diff = (paged_attention_cpu(in) - paged_attention_gather(in)).abs().max().item<double>();
+  const double kernel = median_ms(iters, [&] { paged_attention_cpu(in); });
+  const double gather = median_ms(iters, [&] { paged_attention_gather(in); });
+  std::printf("paged attention, decode step: batch %lld, context %lld, %lld heads x %lld, block %lld\n",
+              (long long)B, (long long)ctx, (long long)H, (long long)D, (long long)bs);
+  std::printf("  kernel (in place)  %8.3f ms\n", kernel);
+  std::printf("  gather (torch ops) %8.3f ms\n", gather);
+  std::printf("  speed-up           %8.2fx   (max |kernel - gather| = %.2e)\n", gather / kernel, diff);
+}
+
+void bench_decode(int iters) {
+  const Gpt2Config cfg = Gpt2Config::preset("gpt2");
+  const Gpt2Weights w = Gpt2Weights::random(cfg, 1);
+  const Gpt2 model(cfg, w, torch::kCPU);
+
+  // Floor: y = W x for every weight matrix, W in the GEMV-friendly [out, in] layout.
+  std::vector<torch::Tensor> mats;
+  for (const auto& l : w.layers)
+    for (const auto* m : {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
+      mats.push_back(m->t().contiguous());
+  mats.push_back(w.wte);
+  int64_t floats = 0;
+  for (const auto& m : mats) floats += m.numel();
+  std::vector<torch::Tensor> xs;
+  for (const auto& m : mats) xs.push_back(torch::randn({m.size(1)}));
+  const double floor = median_ms(iters, [&] {
+    for (size_t i = 0; i < mats.size(); ++i) at::mv(mats[i], xs[i]);
+  });
+  std::printf("\nGPT-2 124M decode step (context 128, block 16)\n");
+  std::printf("  floor: one matvec over every weight matrix (%.0f MB)  %8.2f ms  (%.1f GB/s)\n",
+              floats * 4e-6, floor, floats * 4e-6 / floor);
+
+  const int64_t ctx = 128, bs = 16;
+  double batch1 = 0;
+  for (int64_t B : {1, 16, 64}) {
+    const int64_t per = ctx / bs + 1;
+    PagedKvCache cache(cfg, B * per + 4, bs);
+    std::mt19937 rng(2);
+    FlatBatch batch;
+    batch.block_tables = block_tables(B, ctx + 1, bs, cache.num_blocks(), rng);
+    std::vector<int64_t> ids, pos, slots;
+    batch.query_start = {0};
+    for (int64_t s = 0; s < B; ++s) {
+      ids.push_back(static_cast<int64_t>(rng() % static_cast<uint32_t>(cfg.vocab_size)));
+      pos.push_back(ctx);
+      slots.push_back(batch.block_tables[s][ctx / bs].item<int32_t>() * bs + ctx % bs);
+      batch.query_start.push_back(s + 1);
+      batch.context_lens.push_back(ctx + 1);
+      batch.sample_rows.push_back(s);
+    }
+    batch.token_ids = torch::tensor(ids, torch::kLong);
+    batch.positions = torch::tensor(pos, torch::kLong);
+    batch.slot_mapping = torch::tensor(slots, torch::kLong);
+    const double ms = median_ms(iters, [&] { model.forward_step(batch, cache); });
+    if (B == 1) batch1 = ms;
+    std::printf("  forward_step batch %3lld  %8.2f ms/step  %7.3f ms/token  (%.2fx floor per step; %.1fx batch-1 per token)\n",
+                (long long)B, ms, ms / B, ms / floor, batch1 / (ms / B));
+  }
+  ContiguousKv kv = model.make_contiguous_cache(ctx + 8);
+  std::vector<int32_t> prompt(ctx);
+  for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i * 17 % cfg.vocab_size);
+  model.forward_contiguous(prompt, kv);
+  const double contiguous = median_ms(iters, [&] {
+    kv.length = ctx;
+    model.forward_contiguous({42}, kv);
+  });
+  std::printf("  forward_contiguous 1 token %6.2f ms  (%.2fx floor)\n", contiguous, contiguous / floor);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_passive_openmp(argc, argv);
+  bool attention_only = false;
+  int iters = 30;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--attention-only")) attention_only = true;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--attention-only] [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  ThreadOptions threads;
+  const char* env = std::getenv("TROUPE_THREADS");
+  threads.intra_op_threads = env && *env ? 0 : 2;
+  configure_threads(threads);
+  std::printf("threads: %s\n\n", thread_summary());
+  bench_attention(iters);
+  if (!attention_only) bench_decode(iters);
+  return 0;
+}
