@@ -1,0 +1,289 @@
+#include "model/step_executor.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/config.hpp"
+#include "model/generate.hpp"
+#include "model/gpt2.hpp"
+#include "model/paged_kv_cache.hpp"
+#include "model/tokenizer.hpp"
+#include "model/weights.hpp"
+#include "test_utils.hpp"
+
+namespace troupe::model {
+namespace {
+
+struct Tiny {
+  Gpt2Config cfg = Gpt2Config::preset("tiny");
+  Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  Gpt2 model{cfg, Gpt2Weights::random(cfg, 1234), torch::kCPU};
+};
+
+const Tiny& tiny() {
+  static Tiny t;
+  return t;
+}
+
+constexpr int64_t kBlockSize = 4;
+constexpr int64_t kNumBlocks = 64;
+
+// One sequence as a scheduler would drive it: chunked prefill of at most
+// `chunk` tokens per step, then one decode token per step.
+struct Script {
+  uint64_t id;
+  std::vector<int32_t> tokens;  // prompt, then sampled ids
+  size_t prompt_len;
+  int32_t max_new;
+  int first_step;             // step at which it joins
+  SamplingParams sampling;
+  int64_t computed = 0;       // tokens whose K/V is in the cache
+  std::vector<int32_t> blocks;
+  std::vector<int32_t> generated() const { return {tokens.begin() + prompt_len, tokens.end()}; }
+  bool done() const { return static_cast<int32_t>(tokens.size() - prompt_len) >= max_new; }
+};
+
+// Runs the scripts to completion through one executor, handing out blocks
+// from a shuffled free list so no sequence's blocks are contiguous.
+void run(StepExecutor& ex, std::vector<Script>& scripts, int64_t chunk, uint32_t seed) {
+  std::vector<int32_t> free_blocks(kNumBlocks);
+  for (int32_t b = 0; b < kNumBlocks; ++b) free_blocks[b] = b;
+  std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937(seed));
+  for (int step = 0; step < 1000; ++step) {
+    StepPlan plan;
+    plan.step_id = static_cast<uint64_t>(step);
+    std::vector<Script*> in_plan;
+    for (auto& s : scripts) {
+      if (step < s.first_step || s.done()) continue;
+      SeqChunk c;
+      c.seq_id = s.id;
+      c.start_pos = static_cast<int32_t>(s.computed);
+      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(s.tokens.size()) - s.computed);
+      c.token_ids.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+      while (static_cast<int64_t>(s.blocks.size()) * kBlockSize < s.computed + n) {
+        s.blocks.push_back(free_blocks.back());
+        free_blocks.pop_back();
+      }
+      c.block_table = s.blocks;
+      c.sample = s.computed + n == static_cast<int64_t>(s.tokens.size());
+      c.sampling = s.sampling;
+      plan.seqs.push_back(c);
+      in_plan.push_back(&s);
+    }
+    if (plan.seqs.empty()) return;
+    const StepResult r = ex.execute(plan);
+    ASSERT_EQ(r.step_id, plan.step_id);
+    size_t out = 0;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      Script& s = *in_plan[i];
+      s.computed += static_cast<int64_t>(plan.seqs[i].token_ids.size());
+      if (!plan.seqs[i].sample) continue;
+      ASSERT_LT(out, r.outputs.size());
+      ASSERT_EQ(r.outputs[out].seq_id, s.id);
+      s.tokens.push_back(r.outputs[out].token.id);
+      ++out;
+    }
+    ASSERT_EQ(out, r.outputs.size());
+  }
+  FAIL() << "scripts did not finish";
+}
+
+Script make(uint64_t id, const std::string& prompt, int32_t max_new, int first_step, SamplingParams p = {}) {
+  Script s;
+  s.id = id;
+  s.tokens = tiny().tok.encode(prompt);
+  s.prompt_len = s.tokens.size();
+  s.max_new = max_new;
+  s.first_step = first_step;
+  s.sampling = p;
+  return s;
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+std::vector<int32_t> reference(const Script& s) {
+  GenerateOptions o;
+  o.max_tokens = s.max_new;
+  o.sampling = s.sampling;
+  o.ignore_eos = true;
+  const std::vector<int32_t> prompt(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
+  return generate(tiny().model, tiny().tok, prompt, o, GenerateMode::kKv).ids;
+}
+
+class StepExecutorModes : public ::testing::TestWithParam<PagedAttention> {};
+
+TEST_P(StepExecutorModes, ChunkedPrefillAndDecodesMatchGenerateAlone) {
+  const auto& t = tiny();
+  PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+  StepExecutor ex(t.model, cache, GetParam());
+  SamplingParams seeded;
+  seeded.temperature = 1.0f;
+  seeded.top_k = 50;
+  seeded.seed = 77;
+  std::vector<Script> scripts = {
+      make(11, "The first sequence has a longer prompt than the others here", 12, 0),
+      make(22, "Second one", 15, 0),
+      make(33, "A late arrival joins midway", 9, 4, seeded),
+  };
+  ASSERT_GT(scripts[0].prompt_len, 2 * 5u);  // at least three prefill chunks
+  run(ex, scripts, 5, 1);
+  for (const auto& s : scripts) EXPECT_EQ(s.generated(), reference(s)) << "seq " << s.id;
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, StepExecutorModes,
+                         ::testing::Values(PagedAttention::kKernel, PagedAttention::kGather),
+                         [](const auto& info) { return info.param == PagedAttention::kKernel ? "Kernel" : "Gather"; });
+
+TEST(StepExecutor, SeededSequenceDrawsTheSameTokensAloneOrInABatch) {
+  const auto& t = tiny();
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 4242;
+  p.logprobs = 1;
+  std::vector<int32_t> alone_ids;
+  {
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+    StepExecutor ex(t.model, cache);
+    std::vector<Script> alone = {make(5, "Seeded sampling must not care about neighbours", 16, 0, p)};
+    run(ex, alone, 64, 2);
+    alone_ids = alone[0].generated();
+  }
+  PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+  StepExecutor ex(t.model, cache);
+  SamplingParams other = p;
+  other.seed = 1;
+  std::vector<Script> batch = {
+      make(1, "Some neighbour with different params", 20, 0, other),
+      make(2, "Another, greedy", 10, 1, greedy()),
+      make(5, "Seeded sampling must not care about neighbours", 16, 2, p),
+  };
+  run(ex, batch, 3, 3);  // other chunking, other blocks, other rows
+  EXPECT_EQ(batch[2].generated(), alone_ids);
+  EXPECT_EQ(batch[2].generated(), reference(batch[2]));
+  EXPECT_NE(batch[0].generated(), alone_ids);
+}
+
+TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
+  const auto& t = tiny();
+  PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+  StepExecutor ex(t.model, cache);
+  StepPlan plan;
+  plan.step_id = 9;
+  SeqChunk a;
+  a.seq_id = 100;
+  a.token_ids = {464, 2068, 7586};
+  a.block_table = {7};
+  a.sample = false;  // a prefill chunk that does not finish its prompt
+  SeqChunk b;
+  b.seq_id = 200;
+  b.token_ids = {15496, 995};
+  b.block_table = {3, 60};
+  b.sample = true;
+  b.sampling.temperature = 0.0f;
+  b.sampling.logprobs = 3;
+  SeqChunk c = b;
+  c.seq_id = 300;
+  c.block_table = {12};
+  c.sampling.logprobs = -1;
+  plan.seqs = {a, b, c};
+  const StepResult r = ex.execute(plan);
+  EXPECT_EQ(r.step_id, 9u);
+  ASSERT_EQ(r.outputs.size(), 2u);
+  EXPECT_EQ(r.outputs[0].seq_id, 200u);
+  EXPECT_EQ(r.outputs[1].seq_id, 300u);
+  EXPECT_EQ(r.outputs[0].token.id, r.outputs[1].token.id);  // same tokens, same place
+  ASSERT_EQ(r.outputs[0].token.top.size(), 3u);
+  EXPECT_EQ(r.outputs[0].token.top[0].first, r.outputs[0].token.id);
+  EXPECT_LT(r.outputs[0].token.logprob, 0.0f);
+  EXPECT_TRUE(r.outputs[1].token.top.empty());
+  EXPECT_GT(r.forward_ms, 0.0);
+  const auto logits = t.model.forward_full({15496, 995});
+  EXPECT_EQ(r.outputs[0].token.id, logits[1].argmax().item<int64_t>());
+  // The flat batch the plan became.
+  const FlatBatch fb = ex.flatten(plan);
+  EXPECT_EQ(fb.query_start, (std::vector<int64_t>{0, 3, 5, 7}));
+  EXPECT_EQ(fb.context_lens, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(fb.sample_rows, (std::vector<int64_t>{4, 6}));
+  EXPECT_TRUE(fb.slot_mapping.equal(torch::tensor({28, 29, 30, 12, 13, 48, 49}, torch::kLong)));
+  EXPECT_TRUE(fb.positions.equal(torch::tensor({0, 1, 2, 0, 1, 0, 1}, torch::kLong)));
+  EXPECT_EQ(ex.execute(StepPlan{}).outputs.size(), 0u);
+}
+
+TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
+  const auto& t = tiny();
+  PagedKvCache cache(t.cfg, 8, kBlockSize);
+  StepExecutor ex(t.model, cache);
+  auto k0 = cache.k(0).clone();
+  SeqChunk good;
+  good.seq_id = 1;
+  good.token_ids = {464, 2068};
+  good.block_table = {0};
+  good.sample = true;
+  auto expect_bad = [&](SeqChunk bad, const std::string& words) {
+    bad.seq_id = 7;
+    StepPlan plan;
+    plan.seqs = {good, bad};
+    try {
+      ex.execute(plan);
+      ADD_FAILURE() << "accepted a plan that should fail with: " << words;
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("seq 7"), std::string::npos) << m;
+      EXPECT_NE(m.find(words), std::string::npos) << m;
+    }
+    EXPECT_TRUE(cache.k(0).equal(k0)) << "the cache was written before the check failed";
+  };
+  SeqChunk c;
+  c.block_table = {1};
+  c.token_ids = {50257};
+  expect_bad(c, "vocabulary");
+  c.token_ids = {-1};
+  expect_bad(c, "vocabulary");
+  c.token_ids = {};
+  expect_bad(c, "no tokens");
+  c.token_ids = {1, 2, 3, 4, 5};
+  expect_bad(c, "block table holds 1");
+  c.block_table = {1, 8};
+  expect_bad(c, "outside the pool");
+  c.block_table = {1, 1};
+  expect_bad(c, "twice");
+  c.block_table = {1, 0};
+  expect_bad(c, "slot");  // block 0 is good's
+  c = SeqChunk{};
+  c.token_ids = {1};
+  c.start_pos = 128;
+  c.block_table = std::vector<int32_t>(33, 2);
+  expect_bad(c, "n_positions");
+  c.start_pos = -1;
+  expect_bad(c, "negative");
+  c.start_pos = 0;
+  c.block_table = {2};
+  c.sample = true;
+  c.sampling.top_k = -3;
+  expect_bad(c, "top_k");
+  c.sampling.top_k = 0;
+  StepPlan twice;
+  twice.seqs = {good, good};
+  EXPECT_THROW(ex.execute(twice), std::invalid_argument);
+  EXPECT_TRUE(cache.k(0).equal(k0));
+  // A good plan does write.
+  StepPlan ok;
+  ok.seqs = {good};
+  ex.execute(ok);
+  EXPECT_FALSE(cache.k(0).equal(k0));
+}
+
+}  // namespace
+}  // namespace troupe::model
