@@ -1,0 +1,72 @@
+// Scheduler::check_invariants: the whole-state audit tests run after every
+// operation. O(blocks + sequences * blocks per sequence); not for production paths.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "actors/scheduler.hpp"
+#include "actors/sequence.hpp"
+
+namespace troupe::actors {
+namespace {
+
+void broken(const std::string& what) { throw std::logic_error("Scheduler invariant: " + what); }
+
+}  // namespace
+
+void Scheduler::check_invariants() const {
+  allocator_.check_invariants();
+  std::vector<int32_t> owners(static_cast<size_t>(options_.num_blocks), 0);
+  size_t num_running = 0;
+  for (const auto& [id, ptr] : seqs_) {
+    const Sequence& s = *ptr;
+    const std::string who = "seq " + std::to_string(id) + ": ";
+    if (s.request.id != id) broken(who + "stored under the wrong id");
+    if (s.finished || s.plan_index != -1) broken(who + "finished or planned outside schedule()");
+    const auto len = static_cast<int32_t>(s.tokens.size());
+    if (s.num_generated() < 0 || s.num_generated() >= s.request.max_tokens) broken(who + "generated count out of range");
+    if (len > options_.max_model_len) broken(who + "longer than max_model_len");
+    if (s.state == Sequence::State::kWaiting) {
+      if (waiting_.count(wait_key(s)) == 0) broken(who + "waiting but not queued");
+      if (!s.blocks.empty() || s.num_computed != 0 || s.num_in_flight != 0) broken(who + "waiting with KV");
+      continue;
+    }
+    ++num_running;
+    if (std::find(running_.begin(), running_.end(), &s) == running_.end()) broken(who + "running but not listed");
+    const int32_t held = s.num_computed + s.num_in_flight;
+    if (held > len) broken(who + "more KV than tokens");
+    if (static_cast<int32_t>(s.blocks.size()) != blocks_for(held)) {
+      broken(who + "holds " + std::to_string(s.blocks.size()) + " blocks for " + std::to_string(held) +
+             " tokens (at most block_size - 1 slots may be unused)");
+    }
+    if (s.num_in_flight > 0 && (!in_flight_ || s.in_flight_step != in_flight_step_)) broken(who + "stale in-flight tokens");
+    if (!in_flight_ && held >= len) broken(who + "running with nothing left to compute");
+    if (s.num_registered > s.num_computed / options_.block_size) broken(who + "registered an uncomputed block");
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      const int32_t b = s.blocks[i];
+      if (b < 0 || b >= options_.num_blocks) broken(who + "bad block id");
+      if (std::find(s.blocks.begin(), s.blocks.begin() + static_cast<ptrdiff_t>(i), b) !=
+          s.blocks.begin() + static_cast<ptrdiff_t>(i)) {
+        broken(who + "holds block " + std::to_string(b) + " twice");
+      }
+      ++owners[static_cast<size_t>(b)];
+    }
+  }
+  if (running_.size() != num_running) broken("running list has duplicates or strangers");
+  if (waiting_.size() + num_running != seqs_.size()) broken("waiting queue has duplicates or strangers");
+  for (const auto& key : waiting_) {
+    auto it = seqs_.find(std::get<2>(key));
+    if (it == seqs_.end() || it->second->state != Sequence::State::kWaiting) broken("waiting queue holds a stranger");
+  }
+  for (int32_t b = 0; b < options_.num_blocks; ++b) {
+    const int32_t o = owners[static_cast<size_t>(b)];
+    if (allocator_.ref_count(b) != o) {
+      broken("block " + std::to_string(b) + " has ref " + std::to_string(allocator_.ref_count(b)) + " but " +
+             std::to_string(o) + " owners");
+    }
+    if (o > 1 && !allocator_.is_cached(b)) broken("block " + std::to_string(b) + " shared but not cached");
+  }
+  if (!in_flight_ && !in_flight_seqs_.empty()) broken("in-flight list without a step in flight");
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,576 @@
+#include "actors/scheduler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <stdexcept>
+
+#include "scheduler_harness.hpp"
+
+namespace troupe::actors {
+namespace {
+
+using test::ChunkView;
+using test::Harness;
+using test::make_request;
+using test::range_tokens;
+using test::view;
+
+SchedulerOptions small_options() {
+  SchedulerOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_num_batched_tokens = 64;
+  o.max_num_seqs = 8;
+  o.max_model_len = 128;
+  o.watermark = 0.0;
+  return o;
+}
+
+std::vector<int32_t> outputs(const Harness& h, uint64_t id) {
+  const RequestEvent* f = h.final_event(id);
+  return f ? f->output_ids : std::vector<int32_t>{};
+}
+
+std::vector<int32_t> scripted(const Harness& h, uint64_t id, int32_t prompt_len, int32_t n) {
+  std::vector<int32_t> v;
+  for (int32_t k = 0; k < n; ++k) v.push_back(h.script(id, prompt_len + k));
+  return v;
+}
+
+TEST(Scheduler, OneRequestPrefillsThenDecodesToLength) {
+  Harness h(small_options());
+  ASSERT_FALSE(h.submit(make_request(1, {1, 2, 3, 4, 5}, 4)));
+  EXPECT_EQ(h.sched.num_waiting(), 1);
+
+  auto p1 = h.step();
+  EXPECT_EQ(view(p1), (std::vector<ChunkView>{{1, 0, 5, true}}));
+  EXPECT_EQ(p1.seqs[0].block_table.size(), 2u);
+  for (int32_t pos = 5; pos < 8; ++pos) {
+    auto p = h.step();
+    ASSERT_EQ(view(p), (std::vector<ChunkView>{{1, pos, 1, true}}));
+    EXPECT_EQ(p.seqs[0].token_ids[0], h.script(1, pos));
+    EXPECT_EQ(p.seqs[0].block_table.size(), 2u);
+  }
+  const RequestEvent* f = h.final_event(1);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->finish_reason, FinishReason::kLength);
+  EXPECT_STREQ(to_string(f->finish_reason), "length");
+  EXPECT_EQ(f->output_ids, scripted(h, 1, 5, 4));
+  EXPECT_EQ(f->usage.prompt_tokens, 5);
+  EXPECT_EQ(f->usage.completion_tokens, 4);
+  EXPECT_EQ(f->usage.cached_tokens, 0);
+  EXPECT_EQ(h.events[1].size(), 5u);  // four tokens, one final
+
+  EXPECT_FALSE(h.sched.has_unfinished());
+  EXPECT_TRUE(h.sched.schedule().seqs.empty());
+  EXPECT_FALSE(h.sched.step_in_flight());
+  auto st = h.sched.stats();
+  EXPECT_EQ(st.blocks_used, 0);
+  EXPECT_EQ(st.blocks_free, 64);
+  EXPECT_EQ(st.blocks_cached, 2);  // 8 computed tokens: two full blocks kept for reuse
+  EXPECT_EQ(st.tokens_scheduled, 8);
+  EXPECT_EQ(st.tokens_generated, 4);
+  EXPECT_EQ(st.steps, 4);
+}
+
+TEST(Scheduler, EverySequenceCarriesASeed) {
+  auto seeds = [](uint64_t base) {
+    SchedulerOptions o = small_options();
+    o.seed = base;
+    Scheduler s(o);
+    Request a = make_request(1, {1, 2}, 2), b = make_request(2, {1, 2}, 2), c = make_request(3, {1, 2}, 2);
+    c.seed = 42;
+    EXPECT_FALSE(s.submit(a));
+    EXPECT_FALSE(s.submit(b));
+    EXPECT_FALSE(s.submit(c));
+    auto plan = s.schedule();
+    std::vector<uint64_t> v;
+    for (const auto& ch : plan.seqs) v.push_back(ch.sampling.seed);
+    return v;
+  };
+  auto a = seeds(7), b = seeds(7), c = seeds(8);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], a[1]);
+  EXPECT_EQ(a[2], 42u);
+  EXPECT_NE(a[0], c[0]);
+}
+
+TEST(Scheduler, RequestsJoinAndLeaveBetweenSteps) {
+  SchedulerOptions o = small_options();
+  o.max_num_batched_tokens = 6;
+  o.max_num_seqs = 3;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(4), 3)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(4, 10), 5)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 0, 4, true}, {2, 0, 2, false}}));
+  ASSERT_FALSE(h.submit(make_request(3, range_tokens(3, 20), 2)));
+  ASSERT_FALSE(h.submit(make_request(4, range_tokens(3, 30), 2)));
+  // Decode first, then the rest of 2's prompt, then 3 is admitted; 4 waits (max_num_seqs).
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 4, 1, true}, {2, 2, 2, true}, {3, 0, 3, true}}));
+  EXPECT_EQ(h.sched.num_waiting(), 1);
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 5, 1, true}, {2, 4, 1, true}, {3, 3, 1, true}}));
+  // 1 and 3 are done; 4 takes a slot at once.
+  ASSERT_NE(h.final_event(1), nullptr);
+  ASSERT_NE(h.final_event(3), nullptr);
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{2, 5, 1, true}, {4, 0, 3, true}}));
+  h.run_until_idle();
+  for (uint64_t id : {1, 2, 3, 4}) {
+    ASSERT_NE(h.final_event(id), nullptr);
+    EXPECT_EQ(h.final_event(id)->finish_reason, FinishReason::kLength);
+  }
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 4, 5));
+}
+
+TEST(Scheduler, LongPromptIsChunkedAndSamplesOnlyAtTheEnd) {
+  SchedulerOptions o = small_options();
+  o.max_num_batched_tokens = 16;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(50), 2)));
+  const std::vector<ChunkView> want = {{1, 0, 16, false}, {1, 16, 16, false}, {1, 32, 16, false}, {1, 48, 2, true},
+                                       {1, 50, 1, true}};
+  const std::vector<size_t> tables = {4, 8, 12, 13, 13};
+  for (size_t i = 0; i < want.size(); ++i) {
+    auto p = h.step();
+    ASSERT_EQ(view(p), (std::vector<ChunkView>{want[i]})) << "step " << i;
+    EXPECT_EQ(p.seqs[0].block_table.size(), tables[i]) << "step " << i;
+    if (i + 1 < want.size()) {
+      EXPECT_LE(static_cast<int64_t>(p.seqs[0].block_table.size()) * 4 - (want[i].start + want[i].n), 3);
+    }
+  }
+  EXPECT_EQ(outputs(h, 1), scripted(h, 1, 50, 2));
+}
+
+TEST(Scheduler, DecodesGoBeforePromptChunks) {
+  SchedulerOptions o = small_options();
+  o.max_num_batched_tokens = 16;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(4), 10)));
+  h.step();
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(40, 100), 2)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 4, 1, true}, {2, 0, 15, false}}));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 5, 1, true}, {2, 15, 15, false}}));
+  auto st = h.sched.stats();
+  EXPECT_EQ(st.num_running, 2);
+  EXPECT_EQ(st.tokens_held, 6 + 30);  // 1's newest token is not fed back yet
+  EXPECT_EQ(st.slots_allocated, 2 * 4 + 8 * 4);
+  EXPECT_NEAR(st.kv_utilization, 36.0 / 40.0, 1e-9);
+}
+
+TEST(Scheduler, PriorityThenArrivalDecidesAdmission) {
+  SchedulerOptions o = small_options();
+  o.max_num_seqs = 1;
+  Harness h(o);
+  Request a = make_request(1, {1}, 1), b = make_request(2, {2}, 1), c = make_request(3, {3}, 1);
+  a.priority = 5;
+  ASSERT_FALSE(h.submit(a));
+  ASSERT_FALSE(h.submit(b));
+  ASSERT_FALSE(h.submit(c));
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 3; ++i) order.push_back(h.step().seqs.at(0).seq_id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 3, 1}));
+}
+
+TEST(Scheduler, WithoutChunkingAPromptRunsWhole) {
+  SchedulerOptions o = small_options();
+  o.enable_chunked_prefill = false;
+  o.max_num_batched_tokens = 16;
+  Harness h(o);
+  EXPECT_TRUE(h.submit(make_request(9, range_tokens(14), 4)));  // 17 tokens might need one step
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(10), 3)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(10, 50), 3)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 0, 10, true}}));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 10, 1, true}, {2, 0, 10, true}}));
+  h.run_until_idle();
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 10, 3));
+}
+
+// Pool of 6 blocks of 4: two sequences of 8 + 12 tokens cannot both fit.
+TEST(Scheduler, DecodeOutOfBlocksPreemptsTheNewestWhichResumesUnchanged) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 6;
+  o.enable_prefix_caching = false;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(8), 12)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(8, 40), 12)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 0, 8, true}, {2, 0, 8, true}}));
+  ASSERT_FALSE(h.submit(make_request(3, {7}, 1)));  // waits: no free block above... and never admitted while preempting
+  bool saw = false;
+  for (int i = 0; i < 40 && h.sched.has_unfinished(); ++i) {
+    const int64_t before = h.sched.stats().preemptions;
+    auto p = h.step();
+    if (!saw && h.sched.stats().preemptions > before) {
+      saw = true;
+      // Sequence 1 (oldest) crossed into its 4th block: 2 was preempted, 3 not admitted.
+      EXPECT_EQ(view(p), (std::vector<ChunkView>{{1, 12, 1, true}}));
+      EXPECT_TRUE(h.sched.is_waiting(2));
+      EXPECT_TRUE(h.sched.is_waiting(3));
+    }
+  }
+  EXPECT_TRUE(saw);
+  EXPECT_FALSE(h.sched.has_unfinished());
+  EXPECT_EQ(outputs(h, 1), scripted(h, 1, 8, 12));
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 8, 12));  // nothing lost or repeated
+  EXPECT_EQ(h.final_event(2)->usage.completion_tokens, 12);
+  EXPECT_GE(h.sched.stats().preemptions, 1);
+  EXPECT_EQ(h.sched.stats().blocks_used, 0);
+}
+
+TEST(Scheduler, SequenceNeedingABlockPreemptsItselfWhenItIsTheNewest) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 4;
+  o.enable_prefix_caching = false;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(6), 6)));  // 6 + 5 slots: 3 blocks
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(4, 40), 6)));  // 4 + 5 slots: 3 blocks
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 0, 6, true}, {2, 0, 4, true}}));
+  // 2 (newest) needs a second block at once and takes the last free one; 1 fits.
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 6, 1, true}, {2, 4, 1, true}}));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 7, 1, true}, {2, 5, 1, true}}));
+  // 1 crosses into block 3: no block left, so the newest (2) goes.
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 8, 1, true}}));
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+  h.run_until_idle();
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 4, 6));
+
+  // Now the newest one itself runs out: 1 holds 3 blocks while 2 (newer) grows.
+  Harness g(o);
+  ASSERT_FALSE(g.submit(make_request(1, range_tokens(4), 5)));      // 4 + 4 slots: 2 blocks
+  ASSERT_FALSE(g.submit(make_request(2, range_tokens(7, 40), 5)));  // 7 + 4 slots: 3 blocks
+  EXPECT_EQ(view(g.step()), (std::vector<ChunkView>{{1, 0, 4, true}, {2, 0, 7, true}}));  // 1 + 2 blocks
+  EXPECT_EQ(view(g.step()), (std::vector<ChunkView>{{1, 4, 1, true}, {2, 7, 1, true}}));  // 1 takes the last
+  // 2 at position 8 needs a 3rd block; it is the newest, so it preempts itself.
+  EXPECT_EQ(view(g.step()), (std::vector<ChunkView>{{1, 5, 1, true}}));
+  EXPECT_TRUE(g.sched.is_waiting(2));
+  g.run_until_idle();
+  EXPECT_EQ(outputs(g, 1), scripted(g, 1, 4, 5));
+  EXPECT_EQ(outputs(g, 2), scripted(g, 2, 7, 5));
+}
+
+TEST(Scheduler, PreemptionStormLosesNothing) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 12;
+  o.block_size = 2;
+  o.max_num_batched_tokens = 32;
+  o.max_num_seqs = 8;
+  Harness h(o);
+  for (uint64_t id = 1; id <= 8; ++id) {
+    ASSERT_FALSE(h.submit(make_request(id, range_tokens(3, static_cast<int32_t>(id) * 10), 15)));
+  }
+  h.run_until_idle();
+  for (uint64_t id = 1; id <= 8; ++id) {
+    ASSERT_NE(h.final_event(id), nullptr) << id;
+    EXPECT_EQ(h.finals[id], 1);
+    EXPECT_EQ(outputs(h, id), scripted(h, id, 3, 15)) << id;
+  }
+  EXPECT_GE(h.sched.stats().preemptions, 5);
+  EXPECT_GE(h.steps_with_preemption, 3);
+  EXPECT_EQ(h.sched.stats().blocks_used, 0);
+}
+
+TEST(Scheduler, SecondRequestReusesCachedPrefixBlocks) {
+  Harness h(small_options());
+  auto prefix = range_tokens(12, 500);
+  auto pa = prefix;
+  pa.insert(pa.end(), {1, 2});
+  ASSERT_FALSE(h.submit(make_request(1, pa, 2)));
+  auto first = h.step();
+  const auto a_blocks = first.seqs.at(0).block_table;
+  h.run_until_idle();
+  EXPECT_EQ(h.sched.stats().blocks_cached, 3);
+
+  auto pb = prefix;
+  pb.insert(pb.end(), {7, 7, 7});
+  auto pc = prefix;
+  pc.insert(pc.end(), {8});
+  ASSERT_FALSE(h.submit(make_request(2, pb, 3)));
+  ASSERT_FALSE(h.submit(make_request(3, pc, 3)));
+  auto p = h.step();
+  EXPECT_EQ(view(p), (std::vector<ChunkView>{{2, 12, 3, true}, {3, 12, 1, true}}));
+  for (const auto& c : p.seqs) {
+    EXPECT_EQ(std::vector<int32_t>(c.block_table.begin(), c.block_table.begin() + 3),
+              std::vector<int32_t>(a_blocks.begin(), a_blocks.begin() + 3));
+  }
+  EXPECT_EQ(h.sched.allocator().ref_count(a_blocks[0]), 2);  // shared by 2 and 3
+  auto st = h.sched.stats();
+  EXPECT_EQ(st.prefix_hit_blocks, 6);
+  EXPECT_EQ(st.prefix_hit_tokens, 24);
+  h.run_until_idle();
+  EXPECT_EQ(h.final_event(2)->usage.cached_tokens, 12);
+  EXPECT_EQ(h.final_event(3)->usage.cached_tokens, 12);
+  EXPECT_EQ(h.final_event(1)->usage.cached_tokens, 0);
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 15, 3));
+
+  // A prompt that is exactly the cached blocks still computes its last block.
+  ASSERT_FALSE(h.submit(make_request(4, prefix, 1)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{4, 8, 4, true}}));
+  EXPECT_EQ(h.final_event(4)->usage.cached_tokens, 8);
+}
+
+TEST(Scheduler, GeneratedTokensFillCacheableBlocksToo) {
+  Harness h(small_options());
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(2, 300), 8)));
+  h.run_until_idle();
+  // 2 prompt + 7 fed-back tokens = 9 computed: two full blocks.
+  EXPECT_EQ(h.sched.stats().blocks_cached, 2);
+  auto again = range_tokens(2, 300);
+  auto out = outputs(h, 1);
+  again.insert(again.end(), out.begin(), out.end());  // prompt = the whole first conversation
+  ASSERT_FALSE(h.submit(make_request(2, again, 1)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{2, 8, 2, true}}));
+}
+
+TEST(Scheduler, CachedBlocksAreEvictedLeastRecentlyReleasedFirst) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 8;
+  o.block_size = 2;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, {1, 2, 3, 4}, 1)));
+  h.run_until_idle();
+  ASSERT_FALSE(h.submit(make_request(2, {5, 6, 7, 8}, 1)));
+  h.run_until_idle();
+  EXPECT_EQ(h.sched.stats().blocks_cached, 4);
+  // 13 tokens need 7 blocks: the 4 clean ones, then 1's two and 2's tail block.
+  ASSERT_FALSE(h.submit(make_request(3, range_tokens(13, 100), 1)));
+  h.run_until_idle();
+  EXPECT_EQ(h.sched.stats().evictions, 3);
+  ASSERT_FALSE(h.submit(make_request(5, {5, 6, 7, 8}, 1)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{5, 2, 2, true}}));  // 2's first block survived
+  ASSERT_FALSE(h.submit(make_request(4, {1, 2, 3, 4}, 1)));
+  EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{4, 0, 4, true}}));  // 1's blocks are gone
+  EXPECT_EQ(h.sched.stats().prefix_hit_blocks, 1);
+}
+
+TEST(Scheduler, CancelInEveryState) {
+  SchedulerOptions o = small_options();
+  o.max_num_batched_tokens = 4;
+  o.max_num_seqs = 2;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(2), 10)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(12, 50), 10)));
+  ASSERT_FALSE(h.submit(make_request(3, range_tokens(3, 90), 10)));
+  h.step();  // 1 whole, 2's first 2 tokens; 3 waits (max_num_seqs)
+  h.step();  // 1 decodes, 2 mid-prefill
+  EXPECT_TRUE(h.sched.is_waiting(3));
+
+  EXPECT_TRUE(h.cancel(3));  // waiting
+  EXPECT_TRUE(h.cancel(2));  // mid-prefill
+  const int32_t used_by_1 = h.sched.stats().blocks_used;
+  EXPECT_EQ(used_by_1, 1);
+  EXPECT_TRUE(h.cancel(1));  // running
+  for (uint64_t id : {1, 2, 3}) {
+    const RequestEvent* f = h.final_event(id);
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->finish_reason, FinishReason::kCancelled);
+    EXPECT_EQ(h.finals[id], 1);
+  }
+  EXPECT_EQ(h.final_event(1)->usage.completion_tokens, 2);
+  EXPECT_EQ(h.final_event(3)->usage.completion_tokens, 0);
+  EXPECT_FALSE(h.cancel(1));
+  EXPECT_FALSE(h.cancel(77));
+  EXPECT_EQ(h.sched.stats().blocks_used, 0);
+  EXPECT_FALSE(h.sched.has_unfinished());
+}
+
+TEST(Scheduler, ResultForACancelledSequenceIsIgnored) {
+  Harness h(small_options());
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(5), 5)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(5, 20), 5)));
+  auto plan = h.sched.schedule();
+  h.execute(plan);
+  EXPECT_TRUE(h.cancel(1));
+  // Same id again while the old step is still in flight.
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(3, 70), 2)));
+  h.sched.on_step_done(h.result_for(plan));
+  h.sched.check_invariants();
+  h.drain();
+  EXPECT_EQ(h.events[1].size(), 0u);  // the new request 1 got nothing from the old step
+  EXPECT_TRUE(h.sched.is_waiting(1));
+  EXPECT_EQ(h.events[2].size(), 1u);
+  h.run_until_idle();
+  EXPECT_EQ(outputs(h, 1), scripted(h, 1, 3, 2));
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 5, 5));
+}
+
+TEST(Scheduler, RejectedSubmissionsChangeNothing) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 4;  // 16 slots
+  o.max_model_len = 20;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, {1, 2}, 2)));
+  auto before = h.sched.stats();
+  auto good = make_request(2, {1, 2, 3}, 3);
+  std::vector<std::pair<std::string, Request>> bad;
+  auto add = [&](const std::string& name, auto mutate) {
+    Request r = good;
+    mutate(r);
+    bad.emplace_back(name, r);
+  };
+  add("duplicate id", [](Request& r) { r.id = 1; });
+  add("empty prompt", [](Request& r) { r.prompt_ids.clear(); });
+  add("prompt too long", [](Request& r) { r.prompt_ids = range_tokens(21); });
+  add("prompt + max_tokens too long", [](Request& r) { r.max_tokens = 18; });
+  add("max_tokens 0", [](Request& r) { r.max_tokens = 0; });
+  add("max_tokens negative", [](Request& r) { r.max_tokens = -3; });
+  add("token id -1", [](Request& r) { r.prompt_ids[1] = -1; });
+  add("token id = vocab", [](Request& r) { r.prompt_ids[2] = 50257; });
+  add("temperature < 0", [](Request& r) { r.sampling.temperature = -0.5f; });
+  add("temperature NaN", [](Request& r) { r.sampling.temperature = std::nanf(""); });
+  add("temperature inf", [](Request& r) { r.sampling.temperature = std::numeric_limits<float>::infinity(); });
+  add("top_k < 0", [](Request& r) { r.sampling.top_k = -1; });
+  add("top_p 0", [](Request& r) { r.sampling.top_p = 0.0f; });
+  add("top_p > 1", [](Request& r) { r.sampling.top_p = 1.5f; });
+  add("logprobs 21", [](Request& r) { r.sampling.logprobs = 21; });
+  add("logprobs -2", [](Request& r) { r.sampling.logprobs = -2; });
+  add("stop without tokenizer", [](Request& r) { r.stop = {"x"}; });
+  add("never fits the pool", [](Request& r) {  // 10 + 8 - 1 = 17 slots > 16
+    r.prompt_ids = range_tokens(10);
+    r.max_tokens = 8;
+  });
+  for (auto& [name, r] : bad) {
+    auto err = h.submit(r);
+    ASSERT_TRUE(err.has_value()) << name;
+    EXPECT_FALSE(err->empty()) << name;
+    auto after = h.sched.stats();
+    EXPECT_EQ(after.num_waiting, before.num_waiting) << name;
+    EXPECT_EQ(after.num_running, before.num_running) << name;
+    EXPECT_EQ(after.blocks_used, before.blocks_used) << name;
+    EXPECT_TRUE(h.sched.take_events().empty()) << name;
+  }
+  // Limits exactly at the edge are fine, and the rejected id 2 is still free.
+  auto edge = make_request(2, range_tokens(9), 8);  // 16 slots, 17 tokens <= max_model_len
+  EXPECT_FALSE(h.submit(edge));
+  EXPECT_EQ(h.sched.num_waiting(), 2);
+}
+
+TEST(Scheduler, FinishesOnEosUnlessIgnored) {
+  Harness h(small_options());
+  h.script = [](uint64_t id, int32_t pos) { return pos == 6 ? 50256 : static_cast<int32_t>(id + pos); };
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(4), 10)));
+  Request r = make_request(2, range_tokens(4), 5);
+  r.ignore_eos = true;
+  ASSERT_FALSE(h.submit(r));
+  h.run_until_idle();
+  const RequestEvent* f1 = h.final_event(1);
+  ASSERT_NE(f1, nullptr);
+  EXPECT_EQ(f1->finish_reason, FinishReason::kEos);
+  EXPECT_EQ(f1->output_ids, (std::vector<int32_t>{5, 6, 50256}));
+  EXPECT_EQ(f1->usage.completion_tokens, 3);
+  const RequestEvent* f2 = h.final_event(2);
+  EXPECT_EQ(f2->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(f2->output_ids.size(), 5u);
+  EXPECT_EQ(f2->output_ids[2], 50256);
+}
+
+TEST(Scheduler, StepResultMustMatchThePlan) {
+  Harness h(small_options());
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(3), 3)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(3, 9), 3)));
+  auto plan = h.sched.schedule();
+  EXPECT_THROW(h.sched.schedule(), std::logic_error);
+  auto good = h.result_for(plan);
+  auto wrong_step = good;
+  wrong_step.step_id += 1;
+  auto missing = good;
+  missing.outputs.pop_back();
+  auto swapped = good;
+  std::swap(swapped.outputs[0], swapped.outputs[1]);
+  auto bad_token = good;
+  bad_token.outputs[0].token.id = 50257;
+  for (const auto* r : {&wrong_step, &missing, &swapped, &bad_token}) {
+    EXPECT_THROW(h.sched.on_step_done(*r), std::invalid_argument);
+    h.sched.check_invariants();
+    EXPECT_TRUE(h.sched.take_events().empty());
+  }
+  h.execute(plan);
+  h.sched.on_step_done(good);
+  EXPECT_THROW(h.sched.on_step_done(good), std::invalid_argument);
+  h.drain();
+  h.run_until_idle();
+  EXPECT_EQ(outputs(h, 1), scripted(h, 1, 3, 3));
+}
+
+TEST(Scheduler, LostWorkerRequeuesEverythingForRecompute) {
+  SchedulerOptions o = small_options();
+  o.max_num_batched_tokens = 8;
+  Harness h(o);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_FALSE(h.submit(make_request(id, range_tokens(6, 10 * static_cast<int32_t>(id)), 6)));
+  h.step();
+  h.step();
+  auto plan = h.sched.schedule();  // lost with this step in flight
+  h.sched.on_worker_lost();
+  h.sched.check_invariants();
+  EXPECT_FALSE(h.sched.step_in_flight());
+  EXPECT_EQ(h.sched.num_running(), 0);
+  EXPECT_EQ(h.sched.num_waiting(), 3);
+  EXPECT_EQ(h.sched.stats().blocks_used, 0);
+  EXPECT_EQ(h.sched.stats().blocks_cached, 0);
+  std::fill(h.kv.begin(), h.kv.end(), 0);  // the new worker's pool is empty
+  h.run_until_idle();
+  for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(outputs(h, id), scripted(h, id, 6, 6));
+}
+
+TEST(Scheduler, RejectsImpossibleOptions) {
+  auto with = [](auto mutate) {
+    SchedulerOptions o = small_options();
+    mutate(o);
+    return o;
+  };
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.num_blocks = 0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.block_size = 0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_num_batched_tokens = 0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_num_seqs = 0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.watermark = 1.0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.eos_id = 50257; })), std::invalid_argument);
+}
+
+TEST(Scheduler, WatermarkHoldsBackAdmission) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 10;
+  o.watermark = 0.2;  // 2 blocks kept free for running sequences
+  o.max_num_batched_tokens = 64;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(24), 2)));  // 6 blocks
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(12, 50), 2)));
+  auto p = h.step();
+  // 1 takes 6 blocks; 2 gets only 2 blocks' worth (4 free - 2 kept) of its prompt.
+  EXPECT_EQ(view(p), (std::vector<ChunkView>{{1, 0, 24, true}, {2, 0, 8, false}}));
+  h.run_until_idle();
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 12, 2));
+}
+
+TEST(Scheduler, PlanningManySequencesIsCheap) {
+  SchedulerOptions o;
+  o.num_blocks = 256 * 40;
+  o.max_num_seqs = 256;
+  o.max_num_batched_tokens = 8192;
+  o.max_model_len = 1024;
+  Harness h(o);
+  for (uint64_t id = 1; id <= 256; ++id) {
+    ASSERT_FALSE(h.submit(make_request(id, range_tokens(100, static_cast<int32_t>(id)), 500)));
+  }
+  for (int i = 0; i < 10 && h.step().num_tokens() != 256; ++i) {
+  }
+  double total_us = 0, worst_us = 0;
+  const int reps = 50;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto plan = h.sched.schedule();
+    auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    total_us += us;
+    worst_us = std::max(worst_us, us);
+    ASSERT_EQ(plan.seqs.size(), 256u);
+    h.sched.on_step_done(h.result_for(plan));
+    h.sched.take_events();
+  }
+  std::printf("[ timing ] schedule() of 256 running decodes: mean %.1f us, worst %.1f us\n", total_us / reps,
+              worst_us);
+}
+
+}  // namespace
+}  // namespace troupe::actors
