@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -232,5 +233,28 @@ class Harness {
     if (preempted) ++steps_with_preemption;
   }
 };
+
+// 64 blocks of 4, 64 tokens per step, 8 sequences, no watermark.
+inline SchedulerOptions small_options() {
+  SchedulerOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_num_batched_tokens = 64;
+  o.max_num_seqs = 8;
+  o.max_model_len = 128;
+  o.watermark = 0.0;
+  return o;
+}
+
+inline std::vector<int32_t> outputs(const Harness& h, uint64_t id) {
+  const RequestEvent* f = h.final_event(id);
+  return f ? f->output_ids : std::vector<int32_t>{};
+}
+
+inline std::vector<int32_t> scripted(const Harness& h, uint64_t id, int32_t prompt_len, int32_t n) {
+  std::vector<int32_t> v;
+  for (int32_t k = 0; k < n; ++k) v.push_back(h.script(id, prompt_len + k));
+  return v;
+}
 
 }  // namespace troupe::actors::test
