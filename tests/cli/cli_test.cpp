@@ -1,0 +1,247 @@
+// Black-box tests of the `troupe` binary: real processes, real files, exit
+// codes and messages a user sees.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_utils.hpp"
+
+using nlohmann::json;
+using troupe::test::CommandResult;
+using troupe::test::run_command;
+using troupe::test::shell_quote;
+using troupe::test::TempDir;
+
+namespace {
+
+std::string tcmd(const std::string& args) { return shell_quote(troupe::test::troupe_bin()) + " " + args; }
+
+// A tiny random model made once per test process through the CLI itself.
+const std::string& tiny_model() {
+  static TempDir dir;
+  static std::string path = [] {
+    std::string p = dir.file("tiny");
+    auto r = run_command(tcmd("init-model --preset tiny --seed 7 --out " + shell_quote(p) + " --tokenizer " +
+                                shell_quote(troupe::test::tokenizer_dir())));
+    if (r.status != 0) throw std::runtime_error("init-model failed: " + r.output);
+    return p;
+  }();
+  return path;
+}
+
+std::string model_flag() { return "--model " + shell_quote(tiny_model()); }
+
+json run_json(const std::string& args) {
+  auto r = run_command(tcmd(args), /*merge_stderr=*/false);
+  EXPECT_EQ(r.status, 0) << args << "\n" << r.output;
+  return json::parse(r.output);
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(Cli, HelpOnEveryCommand) {
+  for (const char* cmd : {"", "init-model", "download", "tokenize", "detokenize", "generate", "batch"}) {
+    auto r = run_command(tcmd(std::string(cmd) + " --help"));
+    EXPECT_EQ(r.status, 0) << cmd;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
+  }
+}
+
+TEST(Cli, InitModelWritesACompleteFolderAndWarns) {
+  TempDir dir;
+  auto r = run_command(tcmd("init-model --preset tiny --layers 1 --out " + shell_quote(dir.file("m")) +
+                              " --tokenizer " + shell_quote(troupe::test::tokenizer_dir())));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("RANDOM"), std::string::npos);
+  for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt"}) {
+    std::ifstream in(dir.file("m/") + f);
+    EXPECT_TRUE(in.good()) << f;
+  }
+  std::ifstream cfg(dir.file("m/config.json"));
+  json c = json::parse(cfg);
+  EXPECT_EQ(c["n_layer"], 1);
+  EXPECT_EQ(c["troupe_random_weights"], true);
+}
+
+TEST(Cli, InitModelRejectsBadShape) {
+  TempDir dir;
+  auto r = run_command(tcmd("init-model --preset tiny --heads 3 --out " + shell_quote(dir.file("m"))));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TokenizePrintsIds) {
+  auto ids = run_json("tokenize " + model_flag() + " 'Hello world'");
+  EXPECT_EQ(ids, json::parse("[15496, 995]"));
+}
+
+TEST(Cli, TokenizeAndDetokenizeJsonlRoundTrip) {
+  TempDir dir;
+  {
+    std::ofstream in(dir.file("in.jsonl"));
+    in << R"({"text": "Hello world"})" << "\n"
+       << R"({"text": "naïve café 東京 🙂"})" << "\n"
+       << "not json\n"
+       << R"({"txt": 1})" << "\n";
+  }
+  auto r = run_command(tcmd("tokenize --jsonl " + model_flag() + " < " + shell_quote(dir.file("in.jsonl")) + " > " +
+                              shell_quote(dir.file("ids.jsonl"))));
+  EXPECT_NE(r.status, 0) << "bad lines make the exit status non-zero";
+  auto lines = read_jsonl(dir.file("ids.jsonl"));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["ids"], json::parse("[15496, 995]"));
+  EXPECT_TRUE(lines[2].contains("error"));
+  EXPECT_TRUE(lines[3].contains("error"));
+  {
+    std::ofstream ids(dir.file("ids2.jsonl"));
+    ids << lines[0].dump() << "\n" << lines[1].dump() << "\n";
+  }
+  r = run_command(tcmd("detokenize --jsonl " + model_flag() + " < " + shell_quote(dir.file("ids2.jsonl")) + " > " +
+                         shell_quote(dir.file("text.jsonl"))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto texts = read_jsonl(dir.file("text.jsonl"));
+  ASSERT_EQ(texts.size(), 2u);
+  EXPECT_EQ(texts[0]["text"], "Hello world");
+  EXPECT_EQ(texts[1]["text"], "naïve café 東京 🙂");
+}
+
+TEST(Cli, GenerateJsonHasEveryField) {
+  auto j = run_json("generate " + model_flag() +
+                    " --prompt 'Hello world' --max-tokens 5 --ignore-eos --logprobs 3 --json");
+  EXPECT_EQ(j["prompt_ids"], json::parse("[15496, 995]"));
+  ASSERT_EQ(j["ids"].size(), 5u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_TRUE(j["text"].is_string());
+  ASSERT_EQ(j["logprobs"].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(j["logprobs"][i]["id"], j["ids"][i]);
+    EXPECT_LE(j["logprobs"][i]["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(j["logprobs"][i]["top"].size(), 3u);
+  }
+  for (const char* k : {"prefill_ms", "decode_ms", "tokens_per_s"}) EXPECT_TRUE(j["timing"][k].is_number()) << k;
+}
+
+TEST(Cli, GenerateModesAgreeAndSeedsReproduce) {
+  std::string base = "generate " + model_flag() + " --prompt-ids 464,1893,286 --max-tokens 12 --ignore-eos --json";
+  auto naive = run_json(base + " --mode naive");
+  auto kv = run_json(base + " --mode kv");
+  auto paged = run_json(base + " --mode paged");
+  EXPECT_EQ(naive["ids"], kv["ids"]);
+  EXPECT_EQ(naive["ids"], paged["ids"]);
+  std::string sampled = base + " --temperature 1.0 --top-p 0.9 --seed 42";
+  auto a = run_json(sampled + " --mode kv");
+  auto b = run_json(sampled + " --mode paged");
+  auto c = run_json(base + " --temperature 1.0 --top-p 0.9 --seed 43 --mode kv");
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_NE(a["ids"], c["ids"]);
+}
+
+TEST(Cli, GenerateCompareReportsSameTokens) {
+  auto r = run_command(tcmd("generate --compare " + model_flag() + " --prompt 'The actor' --max-tokens 8"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("naive"), std::string::npos);
+  EXPECT_NE(r.output.find("paged"), std::string::npos);
+  EXPECT_NE(r.output.find("same tokens in every mode: yes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("RANDOM"), std::string::npos) << "random weights must be announced";
+}
+
+TEST(Cli, GenerateStreamsTextAndTiming) {
+  auto r = run_command(tcmd("generate " + model_flag() + " --prompt 'Hi' --max-tokens 4 --ignore-eos"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ms/token"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+}
+
+TEST(Cli, GenerateErrorsExitNonZeroWithMessage) {
+  struct Case {
+    std::string args, needle;
+  };
+  TempDir empty;
+  std::vector<Case> cases = {
+      {"generate --model " + shell_quote(empty.file("nope")) + " --prompt hi", "nope"},
+      {"generate " + model_flag() + " --prompt hi --max-tokens 500", "positions"},
+      {"generate " + model_flag() + " --prompt hi --temperature -1", "temperature"},
+      {"generate " + model_flag() + " --prompt hi --top-p 0", "top_p"},
+      {"generate " + model_flag() + " --prompt hi --top-p 1.5", "top-p"},
+      {"generate " + model_flag() + " --prompt hi --mode turbo", "mode"},
+      {"generate " + model_flag() + " --prompt hi --max-tokens 0", "max-tokens"},
+      {"generate " + model_flag() + " --prompt-ids 1,x,3", "x"},
+      {"generate " + model_flag() + " --prompt-ids 99999999", "vocabulary"},
+      {"generate " + model_flag(), "--prompt"},
+      {"generate " + model_flag() + " --prompt hi --device tpu:0", "device"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_command(tcmd(c.args));
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_LT(r.status, 128) << "crashed: " << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(Cli, BatchRunsGoodLinesAndReportsBadOnesInOrder) {
+  TempDir dir;
+  {
+    std::ofstream in(dir.file("jobs.jsonl"));
+    in << R"({"id": "a", "prompt": "Hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": true})" << "\n"
+       << "{broken json\n"
+       << R"({"id": 3, "prompt_ids": [464, 1893], "max_tokens": 4, "temperature": 0.8, "seed": 5, "logprobs": 2, "ignore_eos": true})"
+       << "\n"
+       << R"({"id": "long", "prompt_ids": [1, 2, 3], "max_tokens": 1000})" << "\n"
+       << R"({"id": "typo", "prompt": "x", "max_token": 3})" << "\n"
+       << R"({"id": "bad-top-p", "prompt": "x", "top_p": 0})" << "\n"
+       << R"({"id": "a2", "prompt": "Hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": true})" << "\n";
+  }
+  auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
+                              " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 64"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("requests: 7 (3 ok, 4 failed)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("prefix cache"), std::string::npos);
+  auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 7u);
+  EXPECT_EQ(out[0]["id"], "a");
+  EXPECT_EQ(out[0]["ids"].size(), 6u);
+  EXPECT_EQ(out[0]["finish_reason"], "length");
+  EXPECT_EQ(out[0]["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(out[0]["usage"]["completion_tokens"], 6);
+  EXPECT_TRUE(out[1].contains("error"));
+  EXPECT_EQ(out[2]["id"], 3);
+  EXPECT_EQ(out[2]["ids"].size(), 4u);
+  EXPECT_EQ(out[2]["logprobs"].size(), 4u);
+  EXPECT_EQ(out[3]["id"], "long");
+  EXPECT_TRUE(out[3].contains("error"));
+  EXPECT_TRUE(out[4]["error"].get<std::string>().find("max_token") != std::string::npos) << out[4];
+  EXPECT_TRUE(out[5].contains("error"));
+  EXPECT_EQ(out[6]["ids"], out[0]["ids"]) << "greedy: the same prompt gives the same tokens";
+}
+
+TEST(Cli, BatchRejectsMissingInput) {
+  TempDir dir;
+  auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("none.jsonl")) +
+                              " --output " + shell_quote(dir.file("out.jsonl"))));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("none.jsonl"), std::string::npos) << r.output;
+}
+
+TEST(Cli, DownloadFailsFastWithoutNetwork) {
+  TempDir dir;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = run_command("TROUPE_HF_ENDPOINT=http://127.0.0.1:9 " +
+                       tcmd("download gpt2 --to " + shell_quote(dir.file("gpt2"))));
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.status, 0);
+  EXPECT_LT(s, 30.0);
+  EXPECT_NE(r.output.find("init-model"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+}
