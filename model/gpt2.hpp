@@ -56,6 +56,8 @@ class Gpt2 {
   torch::Device device() const { return device_; }
 
   // Logits [T, vocab] (fp32, on the model's device) for every position of `ids`.
+  // Caller mistakes (no tokens, too many, ids outside the vocabulary, a full
+  // cache) throw std::invalid_argument.
   torch::Tensor forward_full(const std::vector<int32_t>& ids) const;
 
   ContiguousKv make_contiguous_cache(int64_t capacity) const;
@@ -63,6 +65,10 @@ class Gpt2 {
   torch::Tensor forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache) const;
 
   // Writes the step's K/V into its slots and returns logits [sample_rows.size(), vocab].
+  // Sequence s's rows must be its newest tokens in order (position of row i =
+  // context_lens[s] - (query_start[s+1] - i)) and each slot must be the one its
+  // block table gives for that position. Every index is checked before any
+  // write: a bad batch throws std::invalid_argument and leaves the cache as it was.
   torch::Tensor forward_step(const FlatBatch& batch, PagedKvCache& cache,
                              PagedAttention attention = PagedAttention::kAuto) const;
 

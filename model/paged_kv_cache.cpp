@@ -48,43 +48,50 @@ void PagedKvCache::write(int layer, const torch::Tensor& slots, const torch::Ten
   if (k.scalar_type() != torch::kFloat32 || v.scalar_type() != torch::kFloat32 ||
       slots.scalar_type() != torch::kLong)
     throw std::invalid_argument("PagedKvCache::write: k, v must be fp32 and slots int64");
-  torch::Tensor& kp = k_[static_cast<size_t>(layer)];
-  torch::Tensor& vp = v_[static_cast<size_t>(layer)];
   const int64_t T = slots.size(0);
   if (T == 0) return;
-
-  if (device_.is_cpu() && k.device().is_cpu() && slots.device().is_cpu()) {
-    torch::Tensor s = slots.contiguous();
-    const int64_t* sp = s.data_ptr<int64_t>();
-    const int64_t n_slots = num_slots();
-    for (int64_t t = 0; t < T; ++t)
-      if (sp[t] < 0 || sp[t] >= n_slots)
-        throw std::invalid_argument("PagedKvCache::write: slot " + std::to_string(sp[t]) +
-                                    " is outside the pool of " + std::to_string(n_slots) + " slots");
-    torch::Tensor kc = k.stride(2) == 1 ? k : k.contiguous();
-    torch::Tensor vc = v.stride(2) == 1 ? v : v.contiguous();
-    const float* ks = kc.data_ptr<float>();
-    const float* vs = vc.data_ptr<float>();
-    float* kd = kp.data_ptr<float>();
-    float* vd = vp.data_ptr<float>();
-    const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), vs0 = vc.stride(0), vs1 = vc.stride(1);
-    const int64_t bs = block_size_;
-    at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t blk = sp[t] / bs, off = sp[t] % bs;
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t dst = ((blk * H + h) * bs + off) * D;
-          std::memcpy(kd + dst, ks + t * ks0 + h * ks1, static_cast<size_t>(D) * sizeof(float));
-          std::memcpy(vd + dst, vs + t * vs0 + h * vs1, static_cast<size_t>(D) * sizeof(float));
-        }
-      }
-    });
+  if (!device_.is_cpu() || !k.device().is_cpu() || !v.device().is_cpu() || !slots.device().is_cpu()) {
+    write_with_torch_ops(layer, slots, k, v);
     return;
   }
+  torch::Tensor s = slots.contiguous();
+  const int64_t* sp = s.data_ptr<int64_t>();
+  const int64_t n_slots = num_slots();
+  for (int64_t t = 0; t < T; ++t)
+    if (sp[t] < 0 || sp[t] >= n_slots)
+      throw std::invalid_argument("PagedKvCache::write: slot " + std::to_string(sp[t]) +
+                                  " is outside the pool of " + std::to_string(n_slots) + " slots");
+  torch::Tensor kc = k.stride(2) == 1 ? k : k.contiguous();
+  torch::Tensor vc = v.stride(2) == 1 ? v : v.contiguous();
+  const float* ks = kc.data_ptr<float>();
+  const float* vs = vc.data_ptr<float>();
+  float* kd = k_[static_cast<size_t>(layer)].data_ptr<float>();
+  float* vd = v_[static_cast<size_t>(layer)].data_ptr<float>();
+  const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), vs0 = vc.stride(0), vs1 = vc.stride(1);
+  const int64_t bs = block_size_;
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t blk = sp[t] / bs, off = sp[t] % bs;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t dst = ((blk * H + h) * bs + off) * D;
+        std::memcpy(kd + dst, ks + t * ks0 + h * ks1, static_cast<size_t>(D) * sizeof(float));
+        std::memcpy(vd + dst, vs + t * vs0 + h * vs1, static_cast<size_t>(D) * sizeof(float));
+      }
+    }
+  });
+}
+
+void PagedKvCache::write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k,
+                                        const torch::Tensor& v) {
+  if (layer < 0 || layer >= config_.n_layer)
+    throw std::invalid_argument("PagedKvCache::write: layer " + std::to_string(layer) + " out of range");
+  torch::Tensor& kp = k_[static_cast<size_t>(layer)];
+  torch::Tensor& vp = v_[static_cast<size_t>(layer)];
   const torch::Tensor s = slots.to(device_);
   const torch::Tensor blk = at::div(s, block_size_, "floor");
   const torch::Tensor off = at::remainder(s, block_size_);
   // Advanced indices split by a slice put the indexed dims first: [T, H, D].
+  // Caller checks slot range and shapes (write() does).
   using torch::indexing::Slice;
   kp.index_put_({blk, Slice(), off}, k);
   vp.index_put_({blk, Slice(), off}, v);

@@ -43,6 +43,9 @@ class PagedKvCache {
   // device) into slots ([T] int64). On the CPU the slots are range-checked
   // (std::invalid_argument); elsewhere the caller must have checked them.
   void write(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
+  // What write() does off the CPU (index_put_ on the pools, no range check);
+  // public so that path is tested on the CPU too.
+  void write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
 
  private:
   Gpt2Config config_;

@@ -205,6 +205,11 @@ TEST(PagedKvCache, WritePutsEachTokenInItsSlot) {
                std::invalid_argument);
   EXPECT_THROW(cache.write(1, torch::tensor(std::vector<int64_t>{-1, 0, 1}, torch::kLong), k, v),
                std::invalid_argument);
+  PagedKvCache portable(cfg, 6, 4);
+  portable.write_with_torch_ops(1, slots, k, v);
+  EXPECT_TRUE(torch::equal(portable.k(1), cache.k(1)));
+  EXPECT_TRUE(torch::equal(portable.v(1), cache.v(1)));
+  EXPECT_EQ(portable.k(0).abs().sum().item<float>(), 0.f);
   EXPECT_THROW(cache.write(2, slots, k, v), std::invalid_argument);
   EXPECT_THROW(cache.write(0, slots.slice(0, 0, 2), k, v), std::invalid_argument);
 }
