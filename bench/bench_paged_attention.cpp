@@ -35,17 +35,28 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Median wall time of fn in ms, after warm-up runs.
-double median_ms(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = Clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+struct Timing {
+  double best = 0, median = 0;  // ms
+};
+
+// Runs every fn in turn, `iters` rounds after 2 warm-up rounds. Alternating
+// means a burst of load elsewhere on the machine hits all of them alike; the
+// best time is the least disturbed one.
+std::vector<Timing> alternate(int iters, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int it = -2; it < iters; ++it) {
+    for (size_t r = 0; r < fns.size(); ++r) {
+      const auto t0 = Clock::now();
+      fns[r]();
+      if (it >= 0) ms[r].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  std::vector<Timing> out;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    out.push_back({v.front(), v[v.size() / 2]});
+  }
+  return out;
 }
 
 // Shuffled blocks for `batch` sequences of `ctx` tokens each.
@@ -72,13 +83,14 @@ void bench_attention(int iters) {
   for (int64_t s = 0; s <= B; ++s) in.query_start.push_back(s);
   in.context_lens.assign(static_cast<size_t>(B), ctx);
   const double diff = (paged_attention_cpu(in) - paged_attention_gather(in)).abs().max().item<double>();
-  const double kernel = median_ms(iters, [&] { paged_attention_cpu(in); });
-  const double gather = median_ms(iters, [&] { paged_attention_gather(in); });
+  const auto t = alternate(iters, {[&] { paged_attention_cpu(in); }, [&] { paged_attention_gather(in); }});
   std::printf("paged attention, decode step: batch %lld, context %lld, %lld heads x %lld, block %lld\n",
               (long long)B, (long long)ctx, (long long)H, (long long)D, (long long)bs);
-  std::printf("  kernel (in place)  %8.3f ms\n", kernel);
-  std::printf("  gather (torch ops) %8.3f ms\n", gather);
-  std::printf("  speed-up           %8.2fx   (max |kernel - gather| = %.2e)\n", gather / kernel, diff);
+  std::printf("  best / median of %d alternating runs\n", iters);
+  std::printf("  kernel (in place)  %8.3f / %8.3f ms\n", t[0].best, t[0].median);
+  std::printf("  gather (torch ops) %8.3f / %8.3f ms\n", t[1].best, t[1].median);
+  std::printf("  speed-up           %8.2fx / %7.2fx   (max |kernel - gather| = %.2e)\n", t[1].best / t[0].best,
+              t[1].median / t[0].median, diff);
 }
 
 // A decode step of `B` sequences, each at position `ctx` with blocks shuffled.
@@ -131,8 +143,6 @@ void bench_decode(int iters) {
   for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i * 17 % cfg.vocab_size);
   model.forward_contiguous(prompt, kv);
 
-  // The runs alternate, so a burst of load elsewhere on the machine hits all
-  // of them alike; the best (least disturbed) time of each is reported.
   std::vector<std::function<void()>> runs;
   runs.push_back([&] {
     for (size_t i = 0; i < mats.size(); ++i) at::mv(mats[i], xs[i]);
@@ -142,19 +152,11 @@ void bench_decode(int iters) {
     kv.length = ctx;
     model.forward_contiguous({42}, kv);
   });
-  std::vector<std::vector<double>> ms(runs.size());
-  for (int it = -2; it < iters; ++it) {
-    for (size_t r = 0; r < runs.size(); ++r) {
-      const auto t0 = Clock::now();
-      runs[r]();
-      if (it >= 0) ms[r].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    }
-  }
+  const std::vector<Timing> t = alternate(iters, runs);
   std::vector<double> best, med;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    best.push_back(v.front());
-    med.push_back(v[v.size() / 2]);
+  for (const Timing& x : t) {
+    best.push_back(x.best);
+    med.push_back(x.median);
   }
   std::printf("\nGPT-2 124M decode step (context 128, block 16), best / median of %d alternating runs\n", iters);
   std::printf("  floor: one matvec over every weight matrix (%.0f MB)  %7.2f / %7.2f ms  (%.1f GB/s at best)\n",
