@@ -12,10 +12,11 @@
 namespace troupe::model {
 namespace {
 
-// Weights exp((l - max) / T) use this polynomial exp (Cephes expf, ~1 ulp)
-// rather than libm so that they are the same bits on every machine; GCC
-// contracts a*b+c into FMA by default, which would make them depend on the
-// ISA, so contraction is off here. The loop vectorises.
+// The weights exp((l - max) / T) and the Gumbel noise use these polynomial
+// exp and log (Cephes expf and logf, ~1 ulp) rather than libm so that they
+// are the same bits on every machine; GCC contracts a*b+c into FMA by
+// default, which would make them depend on the ISA, so contraction is off
+// until the matching pop_options. The loops vectorise.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 // out[i] = exp((x[i] - shift) * scale) for x[i] <= shift, 0 below exp's range.
@@ -40,13 +41,84 @@ void exp_shifted(const float* x, int64_t n, float shift, float scale, float* out
     out[i] = a < -87.0f ? 0.0f : y * pow2;
   }
 }
-#pragma GCC pop_options
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
+// Natural log of a positive normal float (Cephes logf, ~1 ulp), branch-free
+// so that loops calling it vectorise.
+inline float log_positive(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  int32_t e = ((bits >> 23) & 0xff) - 126;
+  bits = (bits & 0x007fffff) | 0x3f000000;  // mantissa in [0.5, 1)
+  float m;
+  std::memcpy(&m, &bits, sizeof m);
+  const bool low = m < 0.707106781186547524f;
+  e -= low ? 1 : 0;
+  m = low ? (m + m) - 1.0f : m - 1.0f;  // log(x) = e ln2 + log(1 + m), |m| < 0.42
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = (y * m) * z;
+  const float fe = static_cast<float>(e);
+  y = y + fe * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  return (m + y) + fe * 0.693359375f;
+}
+
+// Standard Gumbel noise -log(E) with E = -log1p(-v) ~ Exp(1) from the top 31
+// bits of a hash. The winner of a row of n tokens typically has E ~ 1/n, so E
+// must be accurate for tiny v: v keeps full relative precision (it is built
+// from an integer, not as 1 - u), and log1p(x) = log(u) + (x - (u - 1)) / u
+// with u = fl(1 + x), where x - (u - 1) is the exact rounding error of u (the
+// correction of fdlibm's log1p). No data-dependent branch, so the loops
+// calling it vectorise.
+inline float gumbel_from_hash(uint64_t h) {
+  // k - k / 2^24 is at most 2^31 - 128, so the conversion cannot round up to
+  // 2^31 (v = 1); it leaves k < 2^24 (small v) unchanged. A clamp would do
+  // the same but GCC turns it into a branch and the loop no longer vectorises.
+  const int32_t k = static_cast<int32_t>(h >> 33);
+  const float v = (static_cast<float>(k - (k >> 24)) + 0.5f) * 0x1p-31f;  // (0, 1 - 2^-24]
+  const float u = 1.0f - v;
+  const float e = (v + (u - 1.0f)) / u - log_positive(u);
+  return -log_positive(e);
+}
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += kGolden;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// The noise of token id in the row keyed `key` is the (id + 1)-th output of
+// the splitmix64 stream started at `key`.
+inline float token_gumbel(uint64_t key, int32_t id) {
+  return gumbel_from_hash(splitmix64(key + static_cast<uint64_t>(id) * kGolden));
+}
+
+// out[j] = (x[j] - shift) * inv_t + noise of id (ids ? ids[j] : j): the
+// perturbed scores of the Gumbel-max trick. Both loops vectorise.
+void perturbed_scores(const float* x, const int32_t* ids, int64_t n, float shift, float inv_t,
+                      uint64_t key, float* out) {
+  if (ids) {
+    for (int64_t j = 0; j < n; ++j) out[j] = (x[j] - shift) * inv_t + token_gumbel(key, ids[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      out[j] = (x[j] - shift) * inv_t + token_gumbel(key, static_cast<int32_t>(j));
+  }
+}
+#pragma GCC pop_options
+
+uint64_t row_key(uint64_t seed, int64_t position) {
+  return splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(position));
 }
 
 // Rank order: higher logit first, lower id on ties. A strict weak order
@@ -140,11 +212,27 @@ void top_ids(const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out
   std::sort(out.begin(), out.end(), before);
 }
 
-// The kept ids split into rank-ordered buckets: every id of bucket b ranks
-// before every id of bucket b+1, and mass[b] is the sum of their weights. The
-// ids of a bucket are gathered and sorted only when a walk stops in it, so
-// finding where the cumulative mass crosses a threshold costs a few O(vocab)
-// passes plus sorting one small bucket, never a sort of the vocabulary.
+// Lowest index holding the largest of x[0, n) (n >= 1, no NaN).
+int64_t first_max(const float* x, int64_t n) {
+  float mx[kLanes];
+  for (int j = 0; j < kLanes; ++j) mx[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) mx[j] = x[i + j] > mx[j] ? x[i + j] : mx[j];
+  for (int j = 0; i < n; ++i, ++j) mx[j] = x[i] > mx[j] ? x[i] : mx[j];
+  float best = -INFINITY;
+  for (int j = 0; j < kLanes; ++j) best = std::max(best, mx[j]);
+  int64_t at = 0;
+  while (x[at] != best) ++at;
+  return at;
+}
+
+// Top-p needs the rank-order prefix of the kept ids whose mass reaches a
+// threshold. The ids are split into rank-ordered buckets: every id of bucket
+// b ranks before every id of bucket b+1, and mass[b] is the sum of their
+// weights. The ids of a bucket are gathered and sorted only when the walk
+// stops in it, so finding the crossing costs a few O(vocab) passes plus
+// sorting one small bucket, never a sort of the vocabulary.
 constexpr int kBuckets = 1024;
 
 // Per-thread buffers reused across rows (no allocation per token).
@@ -156,7 +244,9 @@ struct Scratch {
   std::vector<int32_t> members; // ids of bucket `gathered`, in rank order
   int gathered = -1;
   int last_positive = -1;       // last bucket with mass > 0
-  std::vector<float> kept_logits, kept_weights;  // top-k path
+  std::vector<float> kept_logits, kept_weights;  // logits and weights of `members`
+  std::vector<float> score;     // perturbed scores
+  std::vector<float> saved;     // scores of the cut bucket's kept members
 };
 
 void gather(Scratch& sc, int b, int64_t vocab, const RanksBefore& before) {
@@ -175,36 +265,36 @@ void gather(Scratch& sc, int b, int64_t vocab, const RanksBefore& before) {
   sc.gathered = b;
 }
 
+// The last kept id of a nucleus: `index` in the rank order of bucket `bucket`
+// (whose ids are then gathered in sc.members).
 struct Crossing {
   int bucket = -1;
-  int64_t index = -1;  // in the bucket's rank order
-  int32_t id = -1;
-  double cum = 0;      // mass up to and including id
-  bool operator<(const Crossing& o) const { return bucket < o.bucket || (bucket == o.bucket && index < o.index); }
+  int64_t index = -1;
 };
 
-// First id (in rank order) whose cumulative mass reaches t (>= t when
-// inclusive, > t otherwise), skipping zero weights; when rounding leaves t
-// unreached, the last id of positive weight. Both walks of a row (top-p cut,
-// then draw) do the same additions in the same order, so their sums agree bit
-// for bit.
-Crossing walk(Scratch& sc, int64_t vocab, const RanksBefore& before, double t, bool inclusive) {
+// First id (in rank order) at which the cumulative weight reaches
+// top_p * total, skipping zero weights; when rounding leaves it unreached,
+// the last id of positive weight.
+Crossing nucleus_cut(Scratch& sc, int64_t vocab, const RanksBefore& before, float top_p) {
+  // The best id has weight exactly 1, so the total is >= 1 and the walk
+  // always finds an id.
+  double total = 0;
+  for (int b = 0; b <= sc.last_positive; ++b) total += sc.mass[b];
+  const double t = static_cast<double>(top_p) * total;
   double cum = 0;
   Crossing last;
   for (int b = 0; b <= sc.last_positive; ++b) {
     const double m = sc.mass[b];
     if (m == 0) continue;
-    const bool crosses = inclusive ? cum + m >= t : cum + m > t;
-    if (crosses || b == sc.last_positive) {
+    if (cum + m >= t || b == sc.last_positive) {
       gather(sc, b, vocab, before);
       double c = cum;
       for (int64_t j = 0; j < static_cast<int64_t>(sc.members.size()); ++j) {
-        const int32_t id = sc.members[j];
-        const float wi = sc.w[id];
+        const float wi = sc.w[sc.members[j]];
         if (wi == 0) continue;
         c += wi;
-        last = {b, j, id, c};
-        if (inclusive ? c >= t : c > t) return last;
+        last = {b, j};
+        if (c >= t) return last;
       }
     }
     cum += m;
@@ -247,7 +337,8 @@ void bucket_all(const float* l, int64_t vocab, const RowScan& s, float inv_t, Sc
   sc.gathered = -1;
 }
 
-// The top_k ids as one bucket, already in rank order.
+// The top_k ids as one bucket, already in rank order, with their logits and
+// weights.
 void bucket_top_k(const float* l, int64_t vocab, int64_t k, const RowScan& s, float inv_t,
                   Scratch& sc) {
   top_ids(l, vocab, k, sc.members);
@@ -266,30 +357,55 @@ void bucket_top_k(const float* l, int64_t vocab, int64_t k, const RowScan& s, fl
   sc.last_positive = m > 0 ? 0 : -1;
 }
 
+// Gumbel-max over the ids ids[0, n) with logits x[0, n): highest perturbed
+// score, lowest id on an exact tie.
+int32_t best_of(const float* x, const int32_t* ids, int64_t n, float shift, float inv_t, uint64_t key,
+                Scratch& sc) {
+  if (n == 1) return ids[0];
+  sc.score.resize(n);
+  perturbed_scores(x, ids, n, shift, inv_t, key, sc.score.data());
+  int64_t best = 0;
+  for (int64_t j = 1; j < n; ++j) {
+    const float a = sc.score[j], b = sc.score[best];
+    if (a > b || (a == b && ids[j] < ids[best])) best = j;
+  }
+  return ids[best];
+}
+
 int32_t draw(const float* l, int64_t vocab, const SamplingParams& p, int64_t position,
              const RowScan& s) {
   thread_local Scratch sc;
   const float inv_t = 1.0f / p.temperature;
-  const RanksBefore before{l};
+  const uint64_t key = row_key(p.seed, position);
+  const bool nucleus = p.top_p < 1.0f;
   if (p.top_k > 0 && p.top_k < vocab) {
     bucket_top_k(l, vocab, p.top_k, s, inv_t, sc);
-  } else {
-    bucket_all(l, vocab, s, inv_t, sc);
+    const int64_t kept = nucleus ? nucleus_cut(sc, vocab, RanksBefore{l}, p.top_p).index + 1 : p.top_k;
+    return best_of(sc.kept_logits.data(), sc.members.data(), kept, s.max, inv_t, key, sc);
   }
-  // The best id has weight exactly 1, so the total is >= 1 and a walk always
-  // finds an id.
-  double total = 0;
-  for (int b = 0; b <= sc.last_positive; ++b) total += sc.mass[b];
-  double kept = total;
-  Crossing cut;
-  const bool nucleus = p.top_p < 1.0f;
-  if (nucleus) {
-    cut = walk(sc, vocab, before, static_cast<double>(p.top_p) * total, true);
-    kept = cut.cum;
+  sc.score.resize(vocab);
+  float* score = sc.score.data();
+  if (!nucleus) {
+    perturbed_scores(l, nullptr, vocab, s.max, inv_t, key, score);
+    return static_cast<int32_t>(first_max(score, vocab));
   }
-  const double t = sampling_uniform(p.seed, position) * kept;
-  const Crossing c = walk(sc, vocab, before, t, false);
-  return nucleus && cut < c ? cut.id : c.id;
+  bucket_all(l, vocab, s, inv_t, sc);
+  const Crossing cut = nucleus_cut(sc, vocab, RanksBefore{l}, p.top_p);
+  // Kept: every id of the buckets before the cut's, and the cut bucket's
+  // members up to the cut.
+  const int64_t head = cut.index + 1;
+  if (cut.bucket == 0) {
+    sc.kept_logits.resize(head);
+    for (int64_t j = 0; j < head; ++j) sc.kept_logits[j] = l[sc.members[j]];
+    return best_of(sc.kept_logits.data(), sc.members.data(), head, s.max, inv_t, key, sc);
+  }
+  perturbed_scores(l, nullptr, vocab, s.max, inv_t, key, score);
+  sc.saved.resize(head);
+  for (int64_t j = 0; j < head; ++j) sc.saved[j] = score[sc.members[j]];
+  const int32_t* bucket = sc.key.data();
+  for (int64_t i = 0; i < vocab; ++i) score[i] = bucket[i] < cut.bucket ? score[i] : -INFINITY;
+  for (int64_t j = 0; j < head; ++j) score[sc.members[j]] = sc.saved[j];
+  return static_cast<int32_t>(first_max(score, vocab));
 }
 
 void fill_logprobs(const float* l, int64_t vocab, const RowScan& s, int32_t k, SampledToken& out) {
@@ -307,6 +423,10 @@ void fill_logprobs(const float* l, int64_t vocab, const RowScan& s, int32_t k, S
 
 }  // namespace
 
+float gumbel_noise(uint64_t seed, int64_t position, int32_t token) {
+  return token_gumbel(row_key(seed, position), token);
+}
+
 void validate(const SamplingParams& p) {
   if (!std::isfinite(p.temperature) || p.temperature < 0)
     throw std::invalid_argument("sampling: temperature must be finite and >= 0 (0 = greedy), got " +
@@ -319,11 +439,6 @@ void validate(const SamplingParams& p) {
   if (p.logprobs < -1 || p.logprobs > kMaxLogprobs)
     throw std::invalid_argument("sampling: logprobs must be -1 (off) or 0.." + std::to_string(kMaxLogprobs) +
                                 ", got " + std::to_string(p.logprobs));
-}
-
-double sampling_uniform(uint64_t seed, int64_t position) {
-  const uint64_t h = splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(position));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
 SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p, int64_t position) {

@@ -3,14 +3,28 @@
 // top-p (nucleus sampling, Holtzman et al. 2020, "The Curious Case of Neural
 // Text Degeneration"), and logprobs.
 //
-// Determinism: the choice is a pure function of (logits, params, position).
-// The random number is a counter-based hash of (seed, position) (splitmix64,
-// Steele et al. 2014), never a stateful generator, so a seeded sequence draws
-// the same tokens whatever shares its batch, in whichever row or thread, and
-// after preemption and recompute. Tokens are ranked by raw logit (descending,
-// lower id first on ties) and the draw walks the inverse CDF in that rank
-// order; all arithmetic on the path to the chosen id is plain IEEE (no libm,
-// no FMA contraction), so equal logits give equal tokens on every machine.
+// Method: the Gumbel-max trick (Gumbel 1954; Maddison, Tarlow & Minka 2014,
+// "A* Sampling"; review: Huijben et al. 2022, "A Review of the Gumbel-max
+// Trick and its Extensions"). Among the kept ids (after temperature, top-k
+// and top-p), the token is argmax_i (logit_i / T + g_i) with g_i a standard
+// Gumbel variable, which is an exact sample of softmax(logits / T)
+// renormalised over the kept set. The noise g_i is a counter-based hash of
+// (seed, position, token id) (splitmix64, Steele et al. 2014), never a
+// stateful generator.
+//
+// Robustness: a numerically equivalent path (paged vs contiguous KV, alone vs
+// in a batch whose GEMMs sum in another order) perturbs logits by ~1e-6. That
+// changes the winner only when the best two perturbed scores are that close,
+// and their gap is ~Exp(1), so a seeded sequence draws the same tokens
+// whatever shares its batch, in whichever row or thread, and after
+// preemption and recompute. (An inverse-CDF draw in rank order is exact too,
+// but any reordering of near-equal logits moves the same uniform onto another
+// token.) Top-p membership is still decided on ranked probabilities; a flip
+// at the nucleus boundary needs the winner to be the boundary token.
+//
+// Bits: everything on the path to the chosen id is plain IEEE with the
+// project's own exp and log polynomials (no libm, no FMA contraction), so
+// equal logits give equal tokens on every machine and SIMD width.
 //
 // Torch-free apart from sample_rows, which takes a forward-declared tensor.
 #include <cstdint>
@@ -32,20 +46,24 @@ constexpr int32_t kMaxLogprobs = 20;
 // Cheap; the scheduler calls it when a request is submitted.
 void validate(const SamplingParams& params);
 
-// The uniform draw in [0, 1) used for the token at `position` of a sequence
-// seeded with `seed` (53 random bits).
-double sampling_uniform(uint64_t seed, int64_t position);
+// The Gumbel noise g added to token `token`'s scaled logit when sampling the
+// token at `position` of a sequence seeded with `seed`: -log(-log(u)) for a
+// hashed u in (0, 1) on a 2^-31 grid, so g lies in [-2.82, 22.2] (the cut
+// tails have probability < 1e-7 per token).
+float gumbel_noise(uint64_t seed, int64_t position, int32_t token);
 
 // Samples one token from `logits[0, vocab)` (raw, unscaled). `position` is the
 // index in its sequence of the token being sampled (prompt_len for the first
 // generated token). Order of operations: greedy if temperature == 0; else
 // logits / temperature, keep the top_k most likely, keep the smallest prefix
 // (in rank order) whose probability mass is >= top_p (at least one token),
-// renormalise, draw. When params.logprobs >= 0, `logprob` is the log-softmax of
-// the raw logits at the chosen id and `top` holds the K most likely ids under
-// the raw logits, most likely first; when it is -1, `logprob` is 0 and `top`
-// empty. Throws std::invalid_argument on bad params or vocab < 1, and
-// std::runtime_error when the logits hold NaN or +inf, or are all -inf.
+// then take the argmax of logit / temperature + gumbel_noise over the kept
+// ids (lowest id on an exact tie). When params.logprobs >= 0, `logprob` is the
+// log-softmax of the raw logits at the chosen id and `top` holds the K most
+// likely ids under the raw logits, most likely first; when it is -1,
+// `logprob` is 0 and `top` empty. Throws std::invalid_argument on bad params
+// or vocab < 1, and std::runtime_error when the logits hold NaN or +inf, or
+// are all -inf.
 SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& params,
                     int64_t position);
 
