@@ -87,6 +87,12 @@ TEST(Cli, TokenizePrintsIds) {
   EXPECT_EQ(ids, json::parse("[15496, 995]"));
 }
 
+TEST(Cli, TokenizeRejectsInvalidUtf8) {
+  auto r = run_command(tcmd("tokenize " + model_flag() + " $(printf 'ab\\377c')"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("UTF-8"), std::string::npos) << r.output;
+}
+
 TEST(Cli, TokenizeAndDetokenizeJsonlRoundTrip) {
   TempDir dir;
   {
