@@ -5,8 +5,9 @@
 // One pass = every weight matrix once, in model order (12 layers x c_attn
 // [768, 2304], attn c_proj [768, 768], c_fc [768, 3072], mlp c_proj
 // [3072, 768]; then the LM head x @ wte^T, wte [50257, 768]), each with its
-// own weights, so no matrix is still in cache when its turn comes. The two
-// paths alternate pass by pass; best and median over the passes.
+// own weights, so no matrix is still in cache when its turn comes. Per M,
+// the BLAS passes run first, then (after a pause that lets OpenBLAS's spinning
+// workers sleep) the packed ones; best and median over the passes.
 //
 //   build/bench_linear [--threads N] [--reps N] [--m 1,4,64] [--shapes]
 //   --shapes  also one line per matrix shape (ms summed over the 12 layers)
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads.intra_op_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--shapes")) per_shape = true;
+    else if (!std::strcmp(argv[i], "--blas-threads") && i + 1 < argc) threads.blas_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--m") && i + 1 < argc) {
       ms.clear();
       for (char* s = argv[++i]; *s;) {
@@ -110,8 +113,11 @@ int main(int argc, char** argv) {
     const int n = reps > 0 ? reps : (M <= 16 ? 30 : M <= 128 ? 10 : 4);
     // times[path][shape] per pass
     std::vector<double> times[2][kShapeCount];
-    for (int r = 0; r < n + 1; ++r) {  // pass 0 warms up
-      for (int path = 0; path < 2; ++path) {
+    for (int path = 0; path < 2; ++path) {
+      // OpenBLAS's idle workers spin for a while (~0.1 s) after a call and
+      // would take the cores from the packed path's OpenMP threads.
+      if (path == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      for (int r = 0; r < n + 1; ++r) {  // pass 0 warms up
         for (int s = 0; s < kShapeCount; ++s) {
           const auto& lin = path == 0 ? blas[s] : packed[s];
           const auto t0 = Clock::now();

@@ -35,23 +35,6 @@ torch::Tensor cpu_index(const torch::Tensor& t, int64_t n, const char* name) {
   return t.to(torch::kCPU, torch::kLong).contiguous();
 }
 
-// b + x @ w for x [T, in], w [in, out] contiguous. One row goes through GEMV
-// on w's transposed view: OpenBLAS's SGEMM with M = 1 is 3-4x slower than
-// GEMV, and a decode step of one sequence is nothing but such products.
-torch::Tensor affine(const torch::Tensor& b, const torch::Tensor& x, const torch::Tensor& w) {
-  if (x.size(0) == 1) return at::addmv(b, w.t(), x.select(0, 0)).unsqueeze(0);
-  return at::addmm(b, x, w);
-}
-
-// x += a @ w + b, in place.
-void add_affine_(torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& w, const torch::Tensor& b) {
-  if (x.size(0) == 1) {
-    x.select(0, 0).addmv_(w.t(), a.select(0, 0)).add_(b);
-    return;
-  }
-  x.addmm_(a, w).add_(b);
-}
-
 }  // namespace
 
 Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device device)
@@ -65,7 +48,7 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device d
   if (weights.layers.size() != static_cast<size_t>(config_.n_layer))
     bad("Gpt2", "weights hold " + std::to_string(weights.layers.size()) + " layers, the config says " +
                     std::to_string(config_.n_layer));
-  wte_ = to_device(weights.wte, device);
+  head_ = Linear(to_device(weights.wte, device), WeightLayout::kOutIn);
   wpe_ = to_device(weights.wpe, device);
   ln_f_w_ = to_device(weights.ln_f_weight, device);
   ln_f_b_ = to_device(weights.ln_f_bias, device);
@@ -84,13 +67,14 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device d
     expect_shape(w.mlp_c_fc_bias, {4 * E}, p + "mlp.c_fc.bias");
     expect_shape(w.mlp_c_proj_weight, {4 * E, E}, p + "mlp.c_proj.weight");
     expect_shape(w.mlp_c_proj_bias, {E}, p + "mlp.c_proj.bias");
-    layers_.push_back(Layer{
-        to_device(w.ln_1_weight, device), to_device(w.ln_1_bias, device),
-        to_device(w.attn_c_attn_weight, device), to_device(w.attn_c_attn_bias, device),
-        to_device(w.attn_c_proj_weight, device), to_device(w.attn_c_proj_bias, device),
-        to_device(w.ln_2_weight, device), to_device(w.ln_2_bias, device),
-        to_device(w.mlp_c_fc_weight, device), to_device(w.mlp_c_fc_bias, device),
-        to_device(w.mlp_c_proj_weight, device), to_device(w.mlp_c_proj_bias, device)});
+    layers_.push_back(Layer{to_device(w.ln_1_weight, device), to_device(w.ln_1_bias, device),
+                            to_device(w.attn_c_attn_bias, device), to_device(w.attn_c_proj_bias, device),
+                            to_device(w.ln_2_weight, device), to_device(w.ln_2_bias, device),
+                            to_device(w.mlp_c_fc_bias, device), to_device(w.mlp_c_proj_bias, device),
+                            Linear(to_device(w.attn_c_attn_weight, device), WeightLayout::kInOut),
+                            Linear(to_device(w.attn_c_proj_weight, device), WeightLayout::kInOut),
+                            Linear(to_device(w.mlp_c_fc_weight, device), WeightLayout::kInOut),
+                            Linear(to_device(w.mlp_c_proj_weight, device), WeightLayout::kInOut)});
   }
 }
 
@@ -102,7 +86,7 @@ void Gpt2::check_ids(const std::vector<int32_t>& ids, const char* who) const {
 }
 
 torch::Tensor Gpt2::embed(const torch::Tensor& ids, const torch::Tensor& positions) const {
-  return wte_.index_select(0, ids).add_(wpe_.index_select(0, positions));
+  return head_.embedding(ids).add_(wpe_.index_select(0, positions));
 }
 
 torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend, const torch::Tensor& keep_rows) const {
@@ -112,24 +96,23 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend, const to
     const Layer& L = layers_[i];
     const int64_t T = x.size(0);
     const torch::Tensor h = at::layer_norm(x, {E}, L.ln1_w, L.ln1_b, eps);
-    const torch::Tensor qkv = affine(L.attn_b, h, L.attn_w);  // [T, 3E]
+    const torch::Tensor qkv = L.attn.forward(h, L.attn_b);  // [T, 3E]
     torch::Tensor a = attend(static_cast<int>(i), qkv.narrow(1, 0, E).view({T, H, D}),
                              qkv.narrow(1, E, E).view({T, H, D}), qkv.narrow(1, 2 * E, E).view({T, H, D}));
     if (keep_rows.defined() && i + 1 == layers_.size()) {
       a = a.index_select(0, keep_rows);
       x = x.index_select(0, keep_rows);
     }
-    add_affine_(x, a, L.attn_proj_w, L.attn_proj_b);
-    const torch::Tensor f = at::gelu(affine(L.fc_b, at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_w), "tanh");
-    add_affine_(x, f, L.fc_proj_w, L.fc_proj_b);
+    L.attn_proj.forward_add_(x, a, L.attn_proj_b);
+    const torch::Tensor f = at::gelu(L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b), "tanh");
+    L.fc_proj.forward_add_(x, f, L.fc_proj_b);
   }
   return x;
 }
 
 torch::Tensor Gpt2::lm_head(const torch::Tensor& x) const {
   const torch::Tensor h = at::layer_norm(x, {config_.n_embd}, ln_f_w_, ln_f_b_, config_.layer_norm_epsilon);
-  if (h.size(0) == 1) return at::mv(wte_, h.select(0, 0)).unsqueeze(0);  // GEMV, see affine()
-  return at::matmul(h, wte_.t());
+  return head_.forward(h);
 }
 
 torch::Tensor Gpt2::forward_full(const std::vector<int32_t>& ids) const {

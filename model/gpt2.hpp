@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include "model/config.hpp"
+#include "model/linear.hpp"
 #include "model/weights.hpp"
 
 namespace troupe::model {
@@ -73,11 +74,11 @@ class Gpt2 {
                              PagedAttention attention = PagedAttention::kAuto) const;
 
  private:
-  // Weights on device_. Conv1D weights keep HF's [in, out] layout, contiguous,
-  // so every projection is one addmm (GEMM, or GEMV for a single row).
+  // Weights on device_. Each projection is a Linear: packed for the AVX-512
+  // kernel on a CPU, HF's [in, out] tensor for addmm elsewhere.
   struct Layer {
-    torch::Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b;
-    torch::Tensor ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+    torch::Tensor ln1_w, ln1_b, attn_b, attn_proj_b, ln2_w, ln2_b, fc_b, fc_proj_b;
+    Linear attn, attn_proj, fc, fc_proj;
   };
   // attend(layer, q, k, v): q, k, v are [T, n_head, head_dim] views of the
   // layer's fused QKV projection; returns the merged heads [T, n_embd].
@@ -93,7 +94,10 @@ class Gpt2 {
 
   Gpt2Config config_;
   torch::Device device_;
-  torch::Tensor wte_, wpe_, ln_f_w_, ln_f_b_;
+  // The LM head x @ wte^T; embed() reads token rows from it too (tied
+  // weights, one copy of wte).
+  Linear head_;
+  torch::Tensor wpe_, ln_f_w_, ln_f_b_;
   std::vector<Layer> layers_;
 };
 

@@ -1,6 +1,10 @@
 #include "model/linear.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +21,10 @@ namespace {
 constexpr int64_t kNr = 64;  // columns per packed panel: 4 zmm vectors
 constexpr int kNv = 4;
 constexpr int kMr = 6;  // rows per tile: 6 x 4 = 24 accumulators of the 32 zmm registers
+// Rows of a panel that every row tile consumes before the next chunk: 384 x
+// 256 B = 96 KiB, so the chunk stays in L2 while all tiles pass over it and
+// the next one is prefetched (measured best among 128..768 with 2 threads).
+constexpr int64_t kKc = 384;
 // Multiply-adds below which a call stays on the calling thread (waking a
 // sleeping OpenMP worker costs more than the work).
 constexpr int64_t kMinFmaPerThread = int64_t{1} << 17;
@@ -34,18 +42,30 @@ std::string shape_str(const torch::Tensor& t) {
 #if defined(__AVX512F__)
 constexpr bool kHaveKernel = true;
 
-// Rows [0, MR) of C (row stride ldc) over the 64 columns of one panel:
-// C = or += A @ panel + bias, with A [MR, K] (row stride lda) and the panel
-// [K, 64]. Only the first `ncols` columns are written (the last panel's tail).
+// Rows [0, MR) of C (row stride ldc) over the 64 columns of one panel and
+// kc of its rows: C = A @ chunk (+ C when load_c) (+ bias when bias), with
+// A [MR, kc] (row stride lda) and the chunk [kc, 64]. Only the first `ncols`
+// columns of C are read or written (the last panel's tail). Each k step also
+// prefetches `lines` cache lines from `pf` onwards into L2 (none when pf is
+// null): the next chunk, so the memory stream runs while the tiles compute.
 template <int MR>
-void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool accumulate) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
+          int64_t ldc, bool load_c, const char* pf, int lines) {
+  __mmask16 mask[kNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v)
+    mask[v] = static_cast<__mmask16>((1u << std::clamp<int64_t>(ncols - 16 * v, 0, 16)) - 1u);
   __m512 acc[MR][kNv];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
+    for (int v = 0; v < kNv; ++v)
+      acc[i][v] = load_c ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    if (pf) {
+      const char* p = pf + k * lines * 64;
+      for (int l = 0; l < lines; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T1);
+    }
     const float* bk = b + k * kNr;
     const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16), b2 = _mm512_loadu_ps(bk + 32),
                  b3 = _mm512_loadu_ps(bk + 48);
@@ -60,39 +80,70 @@ void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* b
   }
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) {
-    const int64_t n = std::clamp<int64_t>(ncols - 16 * v, 0, 16);
-    if (n == 0) break;
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-    const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
+    if (!mask[v]) break;
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      float* ci = c + i * ldc + 16 * v;
-      __m512 r = _mm512_add_ps(acc[i][v], bv);
-      if (accumulate) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), r);
-      _mm512_mask_storeu_ps(ci, m, r);
-    }
+    for (int i = 0; i < MR; ++i)
+      _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], bias ? _mm512_add_ps(acc[i][v], bv) : acc[i][v]);
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
+                        const char*, int);
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-// Panels [p0, p1): every row tile of x over each panel in turn, so a panel
-// comes from memory once and from L2 for the following tiles.
+// C = or += x [M, K] @ panels [p0, p1) + bias. Per panel, chunk by chunk of
+// kKc rows, every row tile passes over the chunk while it sits in L2; the
+// tiles share out the prefetch of the next chunk (this panel's or the next
+// panel's first), so the weights stream from memory while the FMAs run.
 void panels(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
             int64_t ldc, bool accumulate, int64_t p0, int64_t p1) {
+  const int64_t tiles = (M + kMr - 1) / kMr;
+  // Lines of the next chunk each tile prefetches per k step: a chunk row is
+  // 4 lines, shared among up to 4 tiles. One row alone is a plain stream,
+  // which the hardware prefetcher serves better without help (measured).
+  const int lines = tiles >= 4 ? 1 : tiles >= 2 ? 2 : 4;
+  const bool prefetch = M >= 2;
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = w + p * K * kNr;
     const int64_t col = p * kNr, ncols = std::min(kNr, N - col);
-    for (int64_t i = 0; i < M; i += kMr) {
-      const int64_t rows = std::min<int64_t>(kMr, M - i);
-      kTiles[rows](x + i * K, K, panel, K, bias ? bias + col : nullptr, ncols, c + i * ldc + col, ldc, accumulate);
+    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+      const int64_t kc = std::min(kKc, K - k0);
+      const bool last = k0 + kc == K;
+      const float* next = !last ? panel + (k0 + kc) * kNr : p + 1 < p1 ? panel + K * kNr : nullptr;
+      const int64_t next_rows = !last ? std::min(kKc, K - k0 - kc) : std::min(kKc, K);
+      for (int64_t i = 0, t = 0; i < M; i += kMr, ++t) {
+        const char* pf = nullptr;
+        if (prefetch && next) {
+          // In cache lines of the next chunk; running past its end is harmless
+          // (prefetches do not fault) and reaches what comes after it anyway.
+          const int64_t first = t * kc * lines;
+          if (first < next_rows * (kNr / 16)) pf = reinterpret_cast<const char*>(next) + first * 64;
+        }
+        const int64_t rows = std::min<int64_t>(kMr, M - i);
+        kTiles[rows](x + i * K + k0, K, panel + k0 * kNr, kc, last && bias ? bias + col : nullptr, ncols,
+                     c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines);
+      }
     }
   }
 }
 #else
 constexpr bool kHaveKernel = false;
 #endif
+
+// Uninitialised fp32 [P, K, 64]. From 2 MiB up, in 2 MiB-aligned memory
+// advised for transparent huge pages: a decode step streams every weight
+// once, and with 4 KiB pages that is a TLB miss every 16 panel rows.
+torch::Tensor packed_buffer(int64_t P, int64_t K) {
+  const size_t bytes = static_cast<size_t>(P * K * kNr) * sizeof(float);
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < kHuge) return at::empty({P, K, kNr}, torch::kFloat32);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* mem = std::aligned_alloc(kHuge, rounded);
+  if (!mem) throw std::bad_alloc();
+  madvise(mem, rounded, MADV_HUGEPAGE);  // advice only: without THP this is plain memory
+  return at::from_blob(mem, {P, K, kNr}, [](void* m) { std::free(m); }, torch::TensorOptions().dtype(torch::kFloat32));
+}
 
 }  // namespace
 
@@ -107,7 +158,7 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, bool pack) : la
   }
   // packed[p][k][j] = W[k][p * 64 + j], zero past the last column.
   const int64_t P = (out_ + kNr - 1) / kNr, K = in_, N = out_;
-  weight_ = at::zeros({P, K, kNr}, weight.options());
+  weight_ = packed_buffer(P, K);
   float* dst = weight_.data_ptr<float>();
   const torch::Tensor src = weight.contiguous();
   const float* s = src.data_ptr<float>();
@@ -116,6 +167,8 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, bool pack) : la
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t ncols = std::min(kNr, N - p * kNr);
       float* d = dst + p * K * kNr;
+      if (ncols < kNr)
+        for (int64_t k = 0; k < K; ++k) std::fill_n(d + k * kNr + ncols, kNr - ncols, 0.0f);
       if (in_out) {
         for (int64_t k = 0; k < K; ++k)
           std::copy_n(s + k * N + p * kNr, ncols, d + k * kNr);

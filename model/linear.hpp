@@ -7,13 +7,15 @@
 // of what 512-bit FMAs reach (bench/bench_linear.cpp measures both).
 //
 // Packed layout: W's columns in panels of 64, each panel [in, 64] contiguous
-// (the last one zero-padded), so a panel streams through the cache once per
-// tile of rows. Tiles of up to 6 rows x 64 columns keep 24 accumulators in
-// zmm registers; each weight is read from memory once per call and from L2
-// for the following tiles (Goto & van de Geijn, "Anatomy of high-performance
-// matrix multiplication", 2008, with the packed panel in the role of B).
-// Threads (at::parallel_for) take disjoint column panels, so any thread
-// count gives the same bits.
+// (the last one zero-padded). Tiles of up to 6 rows x 64 columns keep 24
+// accumulators in zmm registers; all row tiles pass over a 384-row chunk of a
+// panel while it sits in L2 and prefetch the next chunk meanwhile, so each
+// weight comes from memory once per call and the stream overlaps the FMAs
+// (Goto & van de Geijn, "Anatomy of high-performance matrix multiplication",
+// 2008, with the packed panel in the role of B). Threads (at::parallel_for)
+// take disjoint column panels, so any thread count gives the same bits; they
+// are only real threads when this library is compiled with
+// -fopenmp (ATen's OpenMP parallel_for is a header template).
 //
 // Everything else — a build without AVX-512, a weight not fp32 or not on the
 // CPU, or a Linear built with pack = false — keeps W as given and calls
