@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   }
   std::printf("bench_linear: GPT-2 124M linear layers, fp32, cpu, %s%s\n", thread_summary(),
               any_packed ? "" : "  (NO AVX-512 kernel in this build: both columns are OpenBLAS)");
+#if !defined(_OPENMP)
+  std::printf("NOTE: built without -fopenmp, so at::parallel_for (a header template) runs serially here:\n"
+              "      the packed kernel uses one core while OpenBLAS uses its own threads.\n");
+#endif
   std::printf("ms per pass over all 48 layer matrices + LM head; best (median) of the passes\n\n");
   std::printf("%5s | %18s %18s %6s | %18s %18s %6s | %8s %8s\n", "M", "layers blas", "layers packed", "x",
               "lm_head blas", "lm_head packed", "x", "GF/s bl", "GF/s pk");
