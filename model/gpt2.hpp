@@ -30,7 +30,10 @@ struct ContiguousKv {
 };
 
 // One step's tokens, flattened. Built from a StepPlan by the step executor.
-// All index tensors are int64 on the model's device unless said otherwise.
+// Index tensors are integer tensors on any device: forward_step checks every
+// index on a CPU copy before it writes anything, then moves what it needs to
+// the model's device (the step executor builds them on the CPU, so on a CPU
+// model nothing is copied).
 struct FlatBatch {
   torch::Tensor token_ids;     // [T]
   torch::Tensor positions;     // [T] absolute position of each token in its sequence
