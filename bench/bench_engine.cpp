@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "actors/engine.hpp"
-#include "actors/scheduler.hpp"
+#include "core/scheduler.hpp"
 #include "model/config.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
@@ -32,8 +32,8 @@ namespace {
 
 double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-actors::SchedulerOptions options_for(const model::Gpt2Config& cfg, int32_t num_blocks) {
-  actors::SchedulerOptions so;
+core::SchedulerOptions options_for(const model::Gpt2Config& cfg, int32_t num_blocks) {
+  core::SchedulerOptions so;
   so.num_blocks = num_blocks;
   so.block_size = 16;
   so.max_model_len = cfg.n_positions;
@@ -42,8 +42,8 @@ actors::SchedulerOptions options_for(const model::Gpt2Config& cfg, int32_t num_b
   return so;
 }
 
-actors::Request make_request(uint64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  actors::Request r;
+core::Request make_request(uint64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  core::Request r;
   r.id = id;
   r.prompt_ids = std::move(prompt);
   r.max_tokens = max_tokens;
@@ -85,7 +85,7 @@ void bench_concurrency(const model::Gpt2& gpt, bool quick) {
 void bench_kv_utilisation() {
   model::Gpt2Config cfg = model::Gpt2Config::preset("gpt2");
   auto so = options_for(cfg, 2048);
-  actors::Scheduler sched(so);
+  core::Scheduler sched(so);
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> plen(16, 512), olen(16, 256);
   std::map<uint64_t, int32_t> reserve;  // id -> prompt + max_tokens
@@ -98,19 +98,19 @@ void bench_kv_utilisation() {
   int64_t steps = 0;
   while (sched.has_unfinished()) {
     auto plan = sched.schedule();
-    if (plan.seqs.empty()) break;
+    if (plan.empty()) break;
     auto st = sched.stats();
     int64_t reserved_max = static_cast<int64_t>(st.num_running) * cfg.n_positions;
     int64_t reserved_known = 0;
-    for (const auto& c : plan.seqs) reserved_known += reserve[c.seq_id];
+    for (const auto& w : plan.work) reserved_known += reserve[w.seq_id];
     util_sum += st.kv_utilization;
     contiguous_sum += reserved_max ? static_cast<double>(st.tokens_held) / reserved_max : 0;
     known_sum += reserved_known ? static_cast<double>(st.tokens_held) / reserved_known : 0;
     ++steps;
-    model::StepResult res;
+    core::StepResult res;
     res.step_id = plan.step_id;
-    for (const auto& c : plan.seqs)
-      if (c.sample) res.outputs.push_back({c.seq_id, model::SampledToken{1000, 0.0f, {}}});
+    for (const auto& w : plan.work)
+      if (w.sample) res.outputs.push_back({w.seq_id, core::SampledToken{1000, 0.0f, {}}});
     sched.on_step_done(res);
     sched.take_events();
   }
@@ -172,7 +172,7 @@ void bench_prefix_cache(const model::Gpt2& gpt) {
     while (engine.has_unfinished()) {
       engine.step();
       for (const auto& ev : engine.take_events())
-        if (!ev.finished && !first.count(ev.request_id)) first[ev.request_id] = secs_since(t0) * 1000;
+        if (ev.kind == core::EventKind::kToken && !first.count(ev.request_id)) first[ev.request_id] = secs_since(t0) * 1000;
     }
     double sum = 0;
     for (const auto& [id, ms] : first) sum += ms;

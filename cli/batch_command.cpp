@@ -36,7 +36,8 @@ struct BatchFlags {
 // One input line, turned into a request (or the reason it cannot be one).
 struct Job {
   json id;                    // echoed back as given (line number when absent)
-  std::optional<actors::Request> request;
+  std::optional<core::Request> request;
+  std::vector<std::string> stop;
   bool logprobs = false;
   json output;                // the finished output line
   bool done = false;
@@ -56,11 +57,11 @@ T get_number(const json& j, const char* key) {
   return v.get<T>();
 }
 
-actors::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logprobs) {
+core::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logprobs, std::vector<std::string>& stop) {
   if (!j.is_object()) throw std::invalid_argument("a line must be a JSON object");
   for (const auto& [k, v] : j.items())
     if (!kFields.count(k)) throw std::invalid_argument("unknown field \"" + k + "\"");
-  actors::Request r;
+  core::Request r;
   if (j.contains("prompt") == j.contains("prompt_ids"))
     throw std::invalid_argument("give exactly one of \"prompt\" (text) or \"prompt_ids\" (array of ids)");
   if (j.contains("prompt")) {
@@ -93,11 +94,11 @@ actors::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logp
   if (j.contains("stop")) {
     const json& s = j["stop"];
     if (s.is_string()) {
-      r.stop.push_back(s.get<std::string>());
+      stop.push_back(s.get<std::string>());
     } else if (s.is_array()) {
       for (const auto& v : s) {
         if (!v.is_string()) throw std::invalid_argument("\"stop\" must be a string or an array of strings");
-        r.stop.push_back(v.get<std::string>());
+        stop.push_back(v.get<std::string>());
       }
     } else {
       throw std::invalid_argument("\"stop\" must be a string or an array of strings");
@@ -148,7 +149,7 @@ int run_batch(const BatchFlags& f) {
 
   auto dir = model::load_model_dir(f.model);
   const auto& cfg = dir.config;
-  actors::SchedulerOptions so;
+  core::SchedulerOptions so;
   so.block_size = f.block_size;
   so.num_blocks = f.num_blocks;
   if (so.num_blocks == 0) {
@@ -178,9 +179,9 @@ int run_batch(const BatchFlags& f) {
     try {
       json j = json::parse(line);
       if (j.is_object() && j.contains("id")) job.id = j["id"];
-      actors::Request r = parse_job(j, dir.tokenizer, job.logprobs);
+      core::Request r = parse_job(j, dir.tokenizer, job.logprobs, job.stop);
       r.id = jobs.size();
-      if (auto err = engine.submit(r)) throw std::invalid_argument(*err);
+      if (auto err = engine.submit(r, job.stop)) throw std::invalid_argument(*err);
       job.request = std::move(r);
     } catch (const std::exception& e) {
       job.output = json{{"id", job.id}, {"error", e.what()}};
@@ -204,7 +205,8 @@ int run_batch(const BatchFlags& f) {
       throw std::runtime_error("the engine cannot schedule the waiting requests (KV pool too small?)");
     for (auto& ev : engine.take_events()) {
       Job& job = jobs.at(ev.request_id);
-      if (!ev.finished) {
+      if (ev.kind == core::EventKind::kScheduled) continue;
+      if (!ev.finished()) {
         if (job.logprobs) {
           json top = json::array();
           for (const auto& [id, p] : ev.top_logprobs) top.push_back({id, p});
@@ -215,11 +217,12 @@ int run_batch(const BatchFlags& f) {
       json o{{"id", job.id},
              {"ids", ev.output_ids},
              {"text", ev.text},
-             {"finish_reason", actors::to_string(ev.finish_reason)},
+             {"finish_reason", core::to_string(ev.finish_reason)},
              {"usage",
               {{"prompt_tokens", ev.usage.prompt_tokens},
                {"completion_tokens", ev.usage.completion_tokens},
                {"cached_tokens", ev.usage.cached_tokens}}}};
+      if (ev.finish_reason == core::FinishReason::kError) o["error"] = ev.error;
       if (job.logprobs) o["logprobs"] = job.output.value("logprobs", json::array());
       job.output = std::move(o);
       job.done = true;

@@ -51,7 +51,7 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
     throw std::invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
                                 std::to_string(opt.max_tokens) + ") exceeds the model's " +
                                 std::to_string(cfg.n_positions) + " positions");
-  actors::SchedulerOptions so;
+  core::SchedulerOptions so;
   so.block_size = 16;
   so.num_blocks = static_cast<int32_t>((total + so.block_size - 1) / so.block_size) + 1;
   so.max_model_len = cfg.n_positions;
@@ -61,15 +61,14 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, gpt.device());
   actors::Engine engine(gpt, cache, &tok, so, model::PagedAttention::kAuto);
 
-  actors::Request req;
+  core::Request req;
   req.id = 1;
   req.prompt_ids = prompt;
   req.max_tokens = opt.max_tokens;
   req.sampling = opt.sampling;
   req.seed = opt.sampling.seed;
-  req.stop = opt.stop;
   req.ignore_eos = opt.ignore_eos;
-  if (auto err = engine.submit(req)) throw std::invalid_argument(*err);
+  if (auto err = engine.submit(req, opt.stop)) throw std::invalid_argument(*err);
 
   model::GenerateResult r;
   r.prompt_ids = prompt;
@@ -79,7 +78,8 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
     if (!engine.step()) throw std::logic_error("paged engine stalled");
     for (auto& ev : engine.take_events()) {
       if (!ev.text_delta.empty() && on_text) on_text(ev.text_delta);
-      if (!ev.finished) {
+      if (ev.kind == core::EventKind::kScheduled) continue;
+      if (!ev.finished()) {
         if (first) {
           r.prefill_ms = ms_since(t0);
           t0 = Clock::now();
@@ -94,7 +94,7 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
       }
       r.ids = ev.output_ids;
       r.text = ev.text;
-      r.finish_reason = actors::to_string(ev.finish_reason);
+      r.finish_reason = core::to_string(ev.finish_reason);
     }
   }
   r.decode_ms = first ? 0.0 : ms_since(t0);

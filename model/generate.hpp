@@ -24,7 +24,7 @@
 #include <torch/types.h>
 
 #include "model/gpt2.hpp"
-#include "model/step_plan.hpp"
+#include "model/sampler.hpp"
 #include "model/tokenizer.hpp"
 
 namespace troupe::model {

@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/step_plan.hpp"
+#include "core/sampling_params.hpp"
 
 namespace at {
 class Tensor;
@@ -38,13 +38,11 @@ class Tensor;
 
 namespace troupe::model {
 
-// Largest K accepted in SamplingParams::logprobs.
-constexpr int32_t kMaxLogprobs = 20;
-
-// Throws std::invalid_argument unless temperature is finite and >= 0,
-// top_k >= 0, top_p is in (0, 1] and logprobs is in [-1, kMaxLogprobs].
-// Cheap; the scheduler calls it when a request is submitted.
-void validate(const SamplingParams& params);
+// The parameters and their check live in the torch-free core.
+using core::kMaxLogprobs;
+using core::SampledToken;
+using core::SamplingParams;
+using core::validate;
 
 // The Gumbel noise g added to token `token`'s scaled logit when sampling the
 // token at `position` of a sequence seeded with `seed`: -log(-log(u)) for a

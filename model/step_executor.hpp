@@ -1,7 +1,8 @@
 #pragma once
-// StepExecutor: the worker's engine. Turns a StepPlan (the scheduler's chunks
-// of many sequences) into one forward pass over the paged KV cache and one
-// sampled token per sampling sequence.
+// StepExecutor: the worker's engine. Keeps the worker's per-sequence state
+// (core::SequenceTable) and turns each StepPlan (drops, new sequences, work
+// deltas) into one forward pass over the paged KV cache and one sampled token
+// per sampling sequence.
 //
 // A chunk of sequence s runs token_ids at positions start_pos + i; token i's
 // K/V goes to slot block_table[p / bs] * bs + p % bs (p its position, bs the
@@ -11,10 +12,18 @@
 // start_pos + token_ids.size() (the index of the new token), with its own
 // params: the choice depends on nothing else in the step.
 //
-// Holds no scheduling state; not thread-safe (one per worker thread).
+// Failure isolation: a work item the plan gets wrong, or a row whose logits
+// cannot be sampled (NaN), fails that sequence only (StepResult::failures);
+// an exception in the forward pass fails the step (StepResult::error) and the
+// worker forgets the step's sequences. execute() never throws for either.
+//
+// Not thread-safe (one per worker thread).
+#include <vector>
+
+#include "core/sequence_table.hpp"
+#include "core/step_plan.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
-#include "model/step_plan.hpp"
 
 namespace troupe::model {
 
@@ -23,26 +32,35 @@ class StepExecutor {
   // Keeps references: `model` and `cache` must outlive the executor.
   StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttention attention = PagedAttention::kAuto);
 
-  // Runs the step. An empty plan returns an empty result without a forward.
-  // forward_ms is the wall time of the whole call (checks, forward, the
-  // logits' copy to the CPU, sampling). Throws std::invalid_argument naming
-  // the seq_id, before the cache is touched, when the plan is impossible.
-  StepResult execute(const StepPlan& plan);
+  // The worker's step. forward_ms is the wall time of the whole call.
+  core::StepResult execute(const core::StepPlan& plan);
+
+  // Runs resolved chunks (no per-sequence state): one forward pass, then
+  // sampling. Returns one output per sampling chunk whose row sampled, in
+  // order; rows that could not be sampled go to `failures`. Throws
+  // std::invalid_argument naming the seq_id, before the cache is touched,
+  // when a chunk is impossible (see validate), and whatever the forward pass
+  // throws.
+  std::vector<core::SeqOutput> run(const std::vector<core::SeqChunk>& chunks,
+                                   std::vector<core::SeqFailure>& failures);
 
   // Checks every chunk: tokens present and inside the vocabulary, start_pos
   // >= 0, start_pos + tokens <= n_positions, the block table covering every
   // position with distinct blocks inside the pool, valid sampling params, no
   // seq_id twice, no KV slot written twice. Throws std::invalid_argument.
-  void validate(const StepPlan& plan) const;
+  void validate(const std::vector<core::SeqChunk>& chunks) const;
 
   // Builds the flat batch (index tensors on the CPU; forward_step validates
   // there and moves them to the model's device itself).
-  FlatBatch flatten(const StepPlan& plan) const;
+  FlatBatch flatten(const std::vector<core::SeqChunk>& chunks) const;
+
+  const core::SequenceTable& sequences() const { return table_; }
 
  private:
   const Gpt2& model_;
   PagedKvCache& cache_;
   PagedAttention attention_;
+  core::SequenceTable table_;
 };
 
 }  // namespace troupe::model

@@ -4,17 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
+#include <set>
 
 #include "actors/engine.hpp"
 #include "model/generate.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
+#include "model/step_executor.hpp"
 #include "model/weights.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::actors {
 namespace {
+
+using core::Request;
+using core::SchedulerOptions;
 
 struct Tiny {
   model::Gpt2Config cfg = model::Gpt2Config::preset("tiny");
@@ -77,7 +83,7 @@ std::map<uint64_t, std::vector<int32_t>> run(Engine& engine, const std::vector<R
     while (next < reqs.size() && arrive[next] <= step) EXPECT_FALSE(engine.submit(reqs[next++]).has_value());
     engine.step();
     for (const auto& ev : engine.take_events())
-      if (ev.finished) out[ev.request_id] = ev.output_ids;
+      if (ev.finished()) out[ev.request_id] = ev.output_ids;
     if (step > 10000) {
       ADD_FAILURE() << "engine did not finish";
       break;
@@ -93,7 +99,8 @@ TEST_P(EngineAttention, StaggeredChunkedRequestsMatchTheReferenceAlone) {
   std::vector<Request> reqs;
   std::vector<int> arrive;
   for (uint64_t i = 0; i < 8; ++i) {
-    reqs.push_back(make_request(i, random_prompt(rng, 3 + static_cast<int>(i) * 7), 6 + static_cast<int>(i % 3) * 5));
+    reqs.push_back(
+        make_request(i, random_prompt(rng, 3 + static_cast<int>(i) * 7), 6 + static_cast<int>(i % 3) * 5));
     arrive.push_back(static_cast<int>(i) * 2);
   }
   auto so = small_options(256, 16);  // a 16-token budget forces chunked prefill
@@ -171,10 +178,98 @@ TEST(Engine, PrefixCacheHitsGiveTheSameTokens) {
   for (const auto& r : reqs) EXPECT_EQ(out[r.id], reference(r)) << "request " << r.id;
 }
 
-TEST(Engine, RejectsAMismatchedCache) {
+TEST(Engine, RefusesOptionsThatDoNotFitTheModelOrCache) {
+  const auto& cfg = tiny().cfg;
   auto so = small_options(64, 64);
-  model::PagedKvCache cache(tiny().cfg, 32, so.block_size, torch::kCPU);
-  EXPECT_THROW(Engine(tiny().gpt, cache, nullptr, so, model::PagedAttention::kAuto), std::invalid_argument);
+  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, torch::kCPU);
+  auto refused = [&](SchedulerOptions o, model::PagedKvCache& c, const std::string& words) {
+    try {
+      Engine e(tiny().gpt, c, nullptr, o, model::PagedAttention::kAuto);
+      ADD_FAILURE() << "accepted options that should fail with: " << words;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  model::PagedKvCache small(cfg, 32, so.block_size, torch::kCPU);
+  refused(so, small, "KV cache 32 of 4");
+  auto o = so;
+  o.max_model_len = cfg.n_positions + 1;
+  refused(o, cache, "n_positions");
+  o = so;
+  o.vocab_size = cfg.vocab_size - 1;
+  o.eos_id = -1;
+  refused(o, cache, "vocab_size");
+  o = so;
+  o.block_size = 8;
+  refused(o, cache, "blocks of 8");
+  EXPECT_NO_THROW(Engine(tiny().gpt, cache, nullptr, so, model::PagedAttention::kAuto));
+}
+
+// An executor that fails chosen steps the way a worker can: the real one
+// underneath, with a throw on a chosen step (out of memory, say) or NaN
+// logits for one sequence.
+struct FaultyWorker {
+  explicit FaultyWorker(const SchedulerOptions& so)
+      : cache(tiny().cfg, so.num_blocks, so.block_size, torch::kCPU), exec(tiny().gpt, cache) {}
+  core::StepResult operator()(const core::StepPlan& plan) {
+    ++steps;
+    if (throw_on.count(steps))
+      throw std::runtime_error("injected: out of memory on step " + std::to_string(steps));
+    core::StepResult r = exec.execute(plan);
+    if (poison && !r.outputs.empty()) {  // the worker's row of `poison` came out NaN
+      for (size_t i = 0; i < r.outputs.size(); ++i) {
+        if (r.outputs[i].seq_id != *poison) continue;
+        r.failures.push_back({*poison, "seq " + std::to_string(*poison) + ": logits contain NaN", false});
+        r.outputs.erase(r.outputs.begin() + static_cast<ptrdiff_t>(i));
+        break;
+      }
+    }
+    return r;
+  }
+  model::PagedKvCache cache;
+  model::StepExecutor exec;
+  int steps = 0;
+  std::set<int> throw_on;
+  std::optional<uint64_t> poison;
+};
+
+TEST(Engine, AStepThatThrowsIsRetriedAndTheEngineGoesOn) {
+  std::mt19937 rng(21);
+  std::vector<Request> reqs;
+  for (uint64_t i = 0; i < 4; ++i) reqs.push_back(make_request(i, random_prompt(rng, 6), 8));
+  auto so = small_options(128, 64);
+  auto worker = std::make_shared<FaultyWorker>(so);
+  worker->throw_on = {3};
+  Engine engine(so, &tiny().tok, [worker](const core::StepPlan& p) { return (*worker)(p); });
+  auto out = run(engine, reqs, {0, 0, 0, 0});
+  EXPECT_EQ(engine.scheduler().stats().failed_steps, 1);
+  EXPECT_GE(engine.scheduler().stats().retries, 1);
+  for (const auto& r : reqs) EXPECT_EQ(out[r.id], reference(r)) << "request " << r.id;
+}
+
+TEST(Engine, ARequestThatKeepsFailingEndsWithAnErrorAndOnlyIt) {
+  std::mt19937 rng(22);
+  std::vector<Request> reqs;
+  for (uint64_t i = 0; i < 3; ++i) reqs.push_back(make_request(i, random_prompt(rng, 5), 6));
+  auto so = small_options(128, 64);
+  auto worker = std::make_shared<FaultyWorker>(so);
+  worker->poison = 1;
+  Engine engine(so, &tiny().tok, [worker](const core::StepPlan& p) { return (*worker)(p); });
+  for (const auto& r : reqs) ASSERT_FALSE(engine.submit(r));
+  std::map<uint64_t, core::RequestEvent> finals;
+  while (engine.has_unfinished()) {
+    ASSERT_TRUE(engine.step());
+    for (auto& ev : engine.take_events())
+      if (ev.finished()) finals[ev.request_id] = ev;
+  }
+  ASSERT_EQ(finals.size(), 3u);
+  EXPECT_EQ(finals[1].finish_reason, core::FinishReason::kError);
+  EXPECT_NE(finals[1].error.find("NaN"), std::string::npos) << finals[1].error;
+  for (uint64_t id : {0, 2}) {
+    EXPECT_EQ(finals[id].finish_reason, core::FinishReason::kLength) << id;
+    EXPECT_EQ(finals[id].output_ids, reference(reqs[id])) << id;
+  }
+  EXPECT_EQ(engine.scheduler().allocator().num_used(), 0);
 }
 
 TEST(Engine, ParsesMemorySizes) {

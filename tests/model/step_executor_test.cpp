@@ -22,6 +22,9 @@
 namespace troupe::model {
 namespace {
 
+using core::SeqChunk;
+using core::StepPlan;
+
 struct Tiny {
   Gpt2Config cfg = Gpt2Config::preset("tiny");
   Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
@@ -58,8 +61,7 @@ void run(StepExecutor& ex, std::vector<Script>& scripts, int64_t chunk, uint32_t
   for (int32_t b = 0; b < kNumBlocks; ++b) free_blocks[b] = b;
   std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937(seed));
   for (int step = 0; step < 1000; ++step) {
-    StepPlan plan;
-    plan.step_id = static_cast<uint64_t>(step);
+    std::vector<SeqChunk> plan;
     std::vector<Script*> in_plan;
     for (auto& s : scripts) {
       if (step < s.first_step || s.done()) continue;
@@ -75,23 +77,24 @@ void run(StepExecutor& ex, std::vector<Script>& scripts, int64_t chunk, uint32_t
       c.block_table = s.blocks;
       c.sample = s.computed + n == static_cast<int64_t>(s.tokens.size());
       c.sampling = s.sampling;
-      plan.seqs.push_back(c);
+      plan.push_back(c);
       in_plan.push_back(&s);
     }
-    if (plan.seqs.empty()) return;
-    const StepResult r = ex.execute(plan);
-    ASSERT_EQ(r.step_id, plan.step_id);
+    if (plan.empty()) return;
+    std::vector<core::SeqFailure> failures;
+    const auto outputs = ex.run(plan, failures);
+    ASSERT_TRUE(failures.empty());
     size_t out = 0;
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    for (size_t i = 0; i < plan.size(); ++i) {
       Script& s = *in_plan[i];
-      s.computed += static_cast<int64_t>(plan.seqs[i].token_ids.size());
-      if (!plan.seqs[i].sample) continue;
-      ASSERT_LT(out, r.outputs.size());
-      ASSERT_EQ(r.outputs[out].seq_id, s.id);
-      s.tokens.push_back(r.outputs[out].token.id);
+      s.computed += static_cast<int64_t>(plan[i].token_ids.size());
+      if (!plan[i].sample) continue;
+      ASSERT_LT(out, outputs.size());
+      ASSERT_EQ(outputs[out].seq_id, s.id);
+      s.tokens.push_back(outputs[out].token.id);
       ++out;
     }
-    ASSERT_EQ(out, r.outputs.size());
+    ASSERT_EQ(out, outputs.size());
   }
   FAIL() << "scripts did not finish";
 }
@@ -179,8 +182,6 @@ TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
   StepExecutor ex(t.model, cache);
-  StepPlan plan;
-  plan.step_id = 9;
   SeqChunk a;
   a.seq_id = 100;
   a.token_ids = {464, 2068, 7586};
@@ -197,20 +198,20 @@ TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   c.seq_id = 300;
   c.block_table = {12};
   c.sampling.logprobs = -1;
-  plan.seqs = {a, b, c};
-  const StepResult r = ex.execute(plan);
-  EXPECT_EQ(r.step_id, 9u);
-  ASSERT_EQ(r.outputs.size(), 2u);
-  EXPECT_EQ(r.outputs[0].seq_id, 200u);
-  EXPECT_EQ(r.outputs[1].seq_id, 300u);
-  EXPECT_EQ(r.outputs[0].token.id, r.outputs[1].token.id);  // same tokens, same place
-  ASSERT_EQ(r.outputs[0].token.top.size(), 3u);
-  EXPECT_EQ(r.outputs[0].token.top[0].first, r.outputs[0].token.id);
-  EXPECT_LT(r.outputs[0].token.logprob, 0.0f);
-  EXPECT_TRUE(r.outputs[1].token.top.empty());
-  EXPECT_GT(r.forward_ms, 0.0);
+  const std::vector<SeqChunk> plan = {a, b, c};
+  std::vector<core::SeqFailure> failures;
+  const auto outputs = ex.run(plan, failures);
+  EXPECT_TRUE(failures.empty());
+  ASSERT_EQ(outputs.size(), 2u);
+  EXPECT_EQ(outputs[0].seq_id, 200u);
+  EXPECT_EQ(outputs[1].seq_id, 300u);
+  EXPECT_EQ(outputs[0].token.id, outputs[1].token.id);  // same tokens, same place
+  ASSERT_EQ(outputs[0].token.top.size(), 3u);
+  EXPECT_EQ(outputs[0].token.top[0].first, outputs[0].token.id);
+  EXPECT_LT(outputs[0].token.logprob, 0.0f);
+  EXPECT_TRUE(outputs[1].token.top.empty());
   const auto logits = t.model.forward_full({15496, 995});
-  EXPECT_EQ(r.outputs[0].token.id, logits[1].argmax().item<int64_t>());
+  EXPECT_EQ(outputs[0].token.id, logits[1].argmax().item<int64_t>());
   // The flat batch the plan became.
   const FlatBatch fb = ex.flatten(plan);
   EXPECT_EQ(fb.query_start, (std::vector<int64_t>{0, 3, 5, 7}));
@@ -218,7 +219,7 @@ TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   EXPECT_EQ(fb.sample_rows, (std::vector<int64_t>{4, 6}));
   EXPECT_TRUE(fb.slot_mapping.equal(torch::tensor({28, 29, 30, 12, 13, 48, 49}, torch::kLong)));
   EXPECT_TRUE(fb.positions.equal(torch::tensor({0, 1, 2, 0, 1, 0, 1}, torch::kLong)));
-  EXPECT_EQ(ex.execute(StepPlan{}).outputs.size(), 0u);
+  EXPECT_EQ(ex.run({}, failures).size(), 0u);
 }
 
 TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
@@ -233,10 +234,9 @@ TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
   good.sample = true;
   auto expect_bad = [&](SeqChunk bad, const std::string& words) {
     bad.seq_id = 7;
-    StepPlan plan;
-    plan.seqs = {good, bad};
+    std::vector<core::SeqFailure> failures;
     try {
-      ex.execute(plan);
+      ex.run({good, bad}, failures);
       ADD_FAILURE() << "accepted a plan that should fail with: " << words;
     } catch (const std::invalid_argument& e) {
       const std::string m = e.what();
@@ -274,15 +274,82 @@ TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
   c.sampling.top_k = -3;
   expect_bad(c, "top_k");
   c.sampling.top_k = 0;
-  StepPlan twice;
-  twice.seqs = {good, good};
-  EXPECT_THROW(ex.execute(twice), std::invalid_argument);
+  std::vector<core::SeqFailure> failures;
+  EXPECT_THROW(ex.run({good, good}, failures), std::invalid_argument);
   EXPECT_TRUE(cache.k(0).equal(k0));
   // A good plan does write.
-  StepPlan ok;
-  ok.seqs = {good};
-  ex.execute(ok);
+  ex.run({good}, failures);
   EXPECT_FALSE(cache.k(0).equal(k0));
+}
+
+// The worker's whole protocol: a sequence is sent once, then only deltas; the
+// worker feeds its own samples; a bad work item fails alone.
+TEST(StepExecutor, DeltaPlansDriveTheSequenceTableAndMatchGenerate) {
+  const auto& t = tiny();
+  PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+  StepExecutor ex(t.model, cache);
+  Script s = make(1, "Plans carry only what changed", 6, 0, greedy());
+  const int32_t n = static_cast<int32_t>(s.prompt_len);
+  StepPlan p1;
+  p1.step_id = 1;
+  core::NewSequence ns;
+  ns.seq_id = 1;
+  ns.tokens = s.tokens;
+  ns.block_table = {10, 11, 12};
+  ns.sampling = greedy();
+  p1.new_seqs.push_back(ns);
+  p1.work.push_back({1, 0, n, {}, true});
+  auto r = ex.execute(p1);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_EQ(r.outputs.size(), 1u);
+  std::vector<int32_t> got{r.outputs[0].token.id};
+  int32_t pos = n;
+  std::vector<int32_t> blocks{10, 11, 12};
+  for (int k = 1; k < 6; ++k, ++pos) {
+    StepPlan p;
+    p.step_id = 1 + static_cast<uint64_t>(k);
+    core::SeqWork w{1, pos, 1, {}, true};
+    if (pos / kBlockSize >= static_cast<int32_t>(blocks.size())) {
+      w.new_blocks = {20 + k};
+      blocks.push_back(20 + k);
+    }
+    p.work.push_back(w);
+    r = ex.execute(p);
+    ASSERT_TRUE(r.failures.empty()) << r.failures[0].error;
+    ASSERT_EQ(r.outputs.size(), 1u);
+    got.push_back(r.outputs[0].token.id);
+  }
+  EXPECT_EQ(got, reference(s));
+  EXPECT_EQ(ex.sequences().num_computed(1), pos);
+
+  // A work item that disagrees with the worker fails alone; the other runs.
+  StepPlan bad;
+  bad.step_id = 99;
+  core::NewSequence other = ns;
+  other.seq_id = 2;
+  other.block_table = {40, 41, 42};
+  bad.new_seqs.push_back(other);
+  bad.work.push_back({1, pos + 3, 1, {}, true});  // wrong position
+  bad.work.push_back({2, 0, n, {}, true});
+  r = ex.execute(bad);
+  EXPECT_TRUE(r.error.empty());
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].seq_id, 1u);
+  EXPECT_TRUE(r.failures[0].retryable);
+  EXPECT_NE(r.failures[0].error.find("position"), std::string::npos) << r.failures[0].error;
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_EQ(r.outputs[0].seq_id, 2u);
+  EXPECT_EQ(r.outputs[0].token.id, got[0]) << "same prompt, same first token";
+  EXPECT_FALSE(ex.sequences().contains(1));
+  // Unknown sequences and drops.
+  StepPlan later;
+  later.step_id = 100;
+  later.drop = {2};
+  later.work.push_back({2, n + 1, 1, {}, true});
+  r = ex.execute(later);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_NE(r.failures[0].error.find("does not hold"), std::string::npos) << r.failures[0].error;
+  EXPECT_EQ(ex.sequences().size(), 0u);
 }
 
 }  // namespace

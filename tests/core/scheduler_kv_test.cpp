@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "actors/scheduler.hpp"
+#include "core/scheduler.hpp"
 #include "scheduler_harness.hpp"
 
-namespace troupe::actors {
+namespace troupe::core {
 namespace {
 
 using test::ChunkView;
@@ -55,7 +55,7 @@ TEST(Scheduler, SequenceNeedingABlockPreemptsItselfWhenItIsTheNewest) {
   o.num_blocks = 4;
   o.enable_prefix_caching = false;
   Harness h(o);
-  ASSERT_FALSE(h.submit(make_request(1, range_tokens(6), 6)));  // 6 + 5 slots: 3 blocks
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(6), 6)));      // 6 + 5 slots: 3 blocks
   ASSERT_FALSE(h.submit(make_request(2, range_tokens(4, 40), 6)));  // 4 + 5 slots: 3 blocks
   EXPECT_EQ(view(h.step()), (std::vector<ChunkView>{{1, 0, 6, true}, {2, 0, 4, true}}));
   // 2 (newest) needs a second block at once and takes the last free one; 1 fits.
@@ -108,8 +108,8 @@ TEST(Scheduler, SecondRequestReusesCachedPrefixBlocks) {
   auto pa = prefix;
   pa.insert(pa.end(), {1, 2});
   ASSERT_FALSE(h.submit(make_request(1, pa, 2)));
-  auto first = h.step();
-  const auto a_blocks = first.seqs.at(0).block_table;
+  h.step();
+  const auto a_blocks = h.last.chunks.at(0).block_table;
   h.run_until_idle();
   EXPECT_EQ(h.sched.stats().blocks_cached, 3);
 
@@ -121,7 +121,7 @@ TEST(Scheduler, SecondRequestReusesCachedPrefixBlocks) {
   ASSERT_FALSE(h.submit(make_request(3, pc, 3)));
   auto p = h.step();
   EXPECT_EQ(view(p), (std::vector<ChunkView>{{2, 12, 3, true}, {3, 12, 1, true}}));
-  for (const auto& c : p.seqs) {
+  for (const auto& c : h.last.chunks) {
     EXPECT_EQ(std::vector<int32_t>(c.block_table.begin(), c.block_table.begin() + 3),
               std::vector<int32_t>(a_blocks.begin(), a_blocks.begin() + 3));
   }
@@ -194,10 +194,12 @@ TEST(Scheduler, LostWorkerRequeuesEverythingForRecompute) {
   SchedulerOptions o = small_options();
   o.max_num_batched_tokens = 8;
   Harness h(o);
-  for (uint64_t id = 1; id <= 3; ++id) ASSERT_FALSE(h.submit(make_request(id, range_tokens(6, 10 * static_cast<int32_t>(id)), 6)));
+  for (uint64_t id = 1; id <= 3; ++id)
+    ASSERT_FALSE(h.submit(make_request(id, range_tokens(6, 10 * static_cast<int32_t>(id)), 6)));
   h.step();
   h.step();
-  auto plan = h.sched.schedule();  // lost with this step in flight
+  h.plan_and_run();  // lost with this step in flight
+  h.results.clear();
   h.sched.on_worker_lost();
   h.sched.check_invariants();
   EXPECT_FALSE(h.sched.step_in_flight());
@@ -205,10 +207,11 @@ TEST(Scheduler, LostWorkerRequeuesEverythingForRecompute) {
   EXPECT_EQ(h.sched.num_waiting(), 3);
   EXPECT_EQ(h.sched.stats().blocks_used, 0);
   EXPECT_EQ(h.sched.stats().blocks_cached, 0);
-  std::fill(h.kv.begin(), h.kv.end(), 0);  // the new worker's pool is empty
+  std::fill(h.kv.begin(), h.kv.end(), 0);  // a new worker: empty pool, no sequences
+  h.worker = SequenceTable(test::table_options(o));
   h.run_until_idle();
   for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(outputs(h, id), scripted(h, id, 6, 6));
 }
 
 }  // namespace
-}  // namespace troupe::actors
+}  // namespace troupe::core

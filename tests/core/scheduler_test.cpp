@@ -1,16 +1,14 @@
-#include "actors/scheduler.hpp"
+#include "core/scheduler.hpp"
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
 #include "scheduler_harness.hpp"
 
-namespace troupe::actors {
+namespace troupe::core {
 namespace {
 
 using test::ChunkView;
@@ -29,12 +27,17 @@ TEST(Scheduler, OneRequestPrefillsThenDecodesToLength) {
 
   auto p1 = h.step();
   EXPECT_EQ(view(p1), (std::vector<ChunkView>{{1, 0, 5, true}}));
-  EXPECT_EQ(p1.seqs[0].block_table.size(), 2u);
+  ASSERT_EQ(p1.new_seqs.size(), 1u);
+  EXPECT_EQ(p1.new_seqs[0].tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(p1.new_seqs[0].block_table.size(), 2u);
+  EXPECT_EQ(h.last.chunks[0].block_table.size(), 2u);
   for (int32_t pos = 5; pos < 8; ++pos) {
     auto p = h.step();
     ASSERT_EQ(view(p), (std::vector<ChunkView>{{1, pos, 1, true}}));
-    EXPECT_EQ(p.seqs[0].token_ids[0], h.script(1, pos));
-    EXPECT_EQ(p.seqs[0].block_table.size(), 2u);
+    EXPECT_TRUE(p.new_seqs.empty()) << "a running sequence is sent once";
+    EXPECT_TRUE(p.work[0].new_blocks.empty());
+    EXPECT_EQ(h.last.chunks[0].token_ids[0], h.script(1, pos));  // the worker fed its own sample
+    EXPECT_EQ(h.last.chunks[0].block_table.size(), 2u);
   }
   const RequestEvent* f = h.final_event(1);
   ASSERT_NE(f, nullptr);
@@ -44,10 +47,10 @@ TEST(Scheduler, OneRequestPrefillsThenDecodesToLength) {
   EXPECT_EQ(f->usage.prompt_tokens, 5);
   EXPECT_EQ(f->usage.completion_tokens, 4);
   EXPECT_EQ(f->usage.cached_tokens, 0);
-  EXPECT_EQ(h.events[1].size(), 5u);  // four tokens, one final
+  EXPECT_EQ(h.events[1].size(), 6u);  // scheduled, four tokens, final
 
   EXPECT_FALSE(h.sched.has_unfinished());
-  EXPECT_TRUE(h.sched.schedule().seqs.empty());
+  EXPECT_TRUE(h.sched.schedule().empty());
   EXPECT_FALSE(h.sched.step_in_flight());
   auto st = h.sched.stats();
   EXPECT_EQ(st.blocks_used, 0);
@@ -70,7 +73,7 @@ TEST(Scheduler, EverySequenceCarriesASeed) {
     EXPECT_FALSE(s.submit(c));
     auto plan = s.schedule();
     std::vector<uint64_t> v;
-    for (const auto& ch : plan.seqs) v.push_back(ch.sampling.seed);
+    for (const auto& ns : plan.new_seqs) v.push_back(ns.sampling.seed);
     return v;
   };
   auto a = seeds(7), b = seeds(7), c = seeds(8);
@@ -112,15 +115,16 @@ TEST(Scheduler, LongPromptIsChunkedAndSamplesOnlyAtTheEnd) {
   o.max_num_batched_tokens = 16;
   Harness h(o);
   ASSERT_FALSE(h.submit(make_request(1, range_tokens(50), 2)));
-  const std::vector<ChunkView> want = {{1, 0, 16, false}, {1, 16, 16, false}, {1, 32, 16, false}, {1, 48, 2, true},
-                                       {1, 50, 1, true}};
+  const std::vector<ChunkView> want = {
+      {1, 0, 16, false}, {1, 16, 16, false}, {1, 32, 16, false}, {1, 48, 2, true}, {1, 50, 1, true}};
   const std::vector<size_t> tables = {4, 8, 12, 13, 13};
   for (size_t i = 0; i < want.size(); ++i) {
     auto p = h.step();
     ASSERT_EQ(view(p), (std::vector<ChunkView>{want[i]})) << "step " << i;
-    EXPECT_EQ(p.seqs[0].block_table.size(), tables[i]) << "step " << i;
+    EXPECT_EQ(h.last.chunks[0].block_table.size(), tables[i]) << "step " << i;
     if (i + 1 < want.size()) {
-      EXPECT_LE(static_cast<int64_t>(p.seqs[0].block_table.size()) * 4 - (want[i].start + want[i].n), 3);
+      EXPECT_LE(static_cast<int64_t>(h.last.chunks[0].block_table.size()) * 4 - (want[i].start + want[i].n),
+                3);
     }
   }
   EXPECT_EQ(outputs(h, 1), scripted(h, 1, 50, 2));
@@ -152,7 +156,7 @@ TEST(Scheduler, PriorityThenArrivalDecidesAdmission) {
   ASSERT_FALSE(h.submit(b));
   ASSERT_FALSE(h.submit(c));
   std::vector<uint64_t> order;
-  for (int i = 0; i < 3; ++i) order.push_back(h.step().seqs.at(0).seq_id);
+  for (int i = 0; i < 3; ++i) order.push_back(h.step().work.at(0).seq_id);
   EXPECT_EQ(order, (std::vector<uint64_t>{2, 3, 1}));
 }
 
@@ -205,17 +209,15 @@ TEST(Scheduler, ResultForACancelledSequenceIsIgnored) {
   Harness h(small_options());
   ASSERT_FALSE(h.submit(make_request(1, range_tokens(5), 5)));
   ASSERT_FALSE(h.submit(make_request(2, range_tokens(5, 20), 5)));
-  auto plan = h.sched.schedule();
-  h.execute(plan);
+  h.plan_and_run();
+  h.drain();
   EXPECT_TRUE(h.cancel(1));
   // Same id again while the old step is still in flight.
   ASSERT_FALSE(h.submit(make_request(1, range_tokens(3, 70), 2)));
-  h.sched.on_step_done(h.result_for(plan));
-  h.sched.check_invariants();
-  h.drain();
+  h.deliver();
   EXPECT_EQ(h.events[1].size(), 0u);  // the new request 1 got nothing from the old step
   EXPECT_TRUE(h.sched.is_waiting(1));
-  EXPECT_EQ(h.events[2].size(), 1u);
+  EXPECT_EQ(h.token_events(2).size(), 1u);
   h.run_until_idle();
   EXPECT_EQ(outputs(h, 1), scripted(h, 1, 3, 2));
   EXPECT_EQ(outputs(h, 2), scripted(h, 2, 5, 5));
@@ -251,7 +253,9 @@ TEST(Scheduler, RejectedSubmissionsChangeNothing) {
   add("top_p > 1", [](Request& r) { r.sampling.top_p = 1.5f; });
   add("logprobs 21", [](Request& r) { r.sampling.logprobs = 21; });
   add("logprobs -2", [](Request& r) { r.sampling.logprobs = -2; });
-  add("stop without tokenizer", [](Request& r) { r.stop = {"x"}; });
+  add("output as long as max_tokens", [](Request& r) { r.output_ids = {4, 5, 6}; });
+  add("output token outside the vocabulary", [](Request& r) { r.output_ids = {50257}; });
+  add("output ending with eos", [](Request& r) { r.output_ids = {9, 50256}; });
   add("never fits the pool", [](Request& r) {  // 10 + 8 - 1 = 17 slots > 16
     r.prompt_ids = range_tokens(10);
     r.max_tokens = 8;
@@ -295,9 +299,10 @@ TEST(Scheduler, StepResultMustMatchThePlan) {
   Harness h(small_options());
   ASSERT_FALSE(h.submit(make_request(1, range_tokens(3), 3)));
   ASSERT_FALSE(h.submit(make_request(2, range_tokens(3, 9), 3)));
-  auto plan = h.sched.schedule();
+  h.plan_and_run();
   EXPECT_THROW(h.sched.schedule(), std::logic_error);
-  auto good = h.result_for(plan);
+  auto good = h.results.front();
+  h.results.clear();
   auto wrong_step = good;
   wrong_step.step_id += 1;
   auto missing = good;
@@ -306,12 +311,18 @@ TEST(Scheduler, StepResultMustMatchThePlan) {
   std::swap(swapped.outputs[0], swapped.outputs[1]);
   auto bad_token = good;
   bad_token.outputs[0].token.id = 50257;
-  for (const auto* r : {&wrong_step, &missing, &swapped, &bad_token}) {
+  auto extra = good;
+  extra.outputs.push_back(good.outputs[0]);
+  auto stranger = good;
+  stranger.failures.push_back({99, "no such seq", true});
+  auto error_and_outputs = good;
+  error_and_outputs.error = "boom";
+  h.drain();
+  for (const auto* r : {&wrong_step, &missing, &swapped, &bad_token, &extra, &stranger, &error_and_outputs}) {
     EXPECT_THROW(h.sched.on_step_done(*r), std::invalid_argument);
     h.sched.check_invariants();
     EXPECT_TRUE(h.sched.take_events().empty());
   }
-  h.execute(plan);
   h.sched.on_step_done(good);
   EXPECT_THROW(h.sched.on_step_done(good), std::invalid_argument);
   h.drain();
@@ -327,39 +338,14 @@ TEST(Scheduler, RejectsImpossibleOptions) {
   };
   EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.num_blocks = 0; })), std::invalid_argument);
   EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.block_size = 0; })), std::invalid_argument);
-  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_num_batched_tokens = 0; })), std::invalid_argument);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_num_batched_tokens = 0; })),
+               std::invalid_argument);
   EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_num_seqs = 0; })), std::invalid_argument);
   EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.watermark = 1.0; })), std::invalid_argument);
   EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.eos_id = 50257; })), std::invalid_argument);
-}
-
-TEST(Scheduler, PlanningManySequencesIsCheap) {
-  SchedulerOptions o;
-  o.num_blocks = 256 * 40;
-  o.max_num_seqs = 256;
-  o.max_num_batched_tokens = 8192;
-  o.max_model_len = 1024;
-  Harness h(o);
-  for (uint64_t id = 1; id <= 256; ++id) {
-    ASSERT_FALSE(h.submit(make_request(id, range_tokens(100, static_cast<int32_t>(id)), 500)));
-  }
-  for (int i = 0; i < 10 && h.step().num_tokens() != 256; ++i) {
-  }
-  double total_us = 0, worst_us = 0;
-  const int reps = 50;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    auto plan = h.sched.schedule();
-    auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    total_us += us;
-    worst_us = std::max(worst_us, us);
-    ASSERT_EQ(plan.seqs.size(), 256u);
-    h.sched.on_step_done(h.result_for(plan));
-    h.sched.take_events();
-  }
-  std::printf("[ timing ] schedule() of 256 running decodes: mean %.1f us, worst %.1f us\n", total_us / reps,
-              worst_us);
+  EXPECT_THROW(Scheduler(with([](SchedulerOptions& o) { o.max_steps_in_flight = 0; })),
+               std::invalid_argument);
 }
 
 }  // namespace
-}  // namespace troupe::actors
+}  // namespace troupe::core

@@ -1,28 +1,48 @@
-#include "model/block_allocator.hpp"
+#include "core/block_allocator.hpp"
+
+#include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <random>
 #include <stdexcept>
 #include <string>
 
-namespace troupe::model {
+namespace troupe::core {
 namespace {
-
-// splitmix64's finalizer: a full-avalanche 64-bit mix.
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 void fail(const std::string& what) { throw std::logic_error("BlockAllocator: " + what); }
 
+// XXH3-64 of (parent name, tokens) seeded with the key.
+uint64_t xxh3_block(uint64_t key, uint64_t parent_hash, const int32_t* tokens, int32_t n) {
+  constexpr int32_t kStack = 64;
+  const size_t bytes = sizeof parent_hash + static_cast<size_t>(n) * sizeof(int32_t);
+  unsigned char stack[sizeof(uint64_t) + kStack * sizeof(int32_t)];
+  std::vector<unsigned char> heap;
+  unsigned char* buf = stack;
+  if (n > kStack) {
+    heap.resize(bytes);
+    buf = heap.data();
+  }
+  std::memcpy(buf, &parent_hash, sizeof parent_hash);
+  std::memcpy(buf + sizeof parent_hash, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  return XXH3_64bits_withSeed(buf, bytes, key);
+}
+
+uint64_t random_key() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 0x5bd1e9955bd1e995ULL;
+}
+
 }  // namespace
 
-BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching)
-    : num_blocks_(num_blocks), block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
+                               uint64_t hash_key)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      prefix_caching_(enable_prefix_caching),
+      hash_key_(hash_key != 0 ? hash_key : random_key()),
+      hash_fn_(xxh3_block) {
   if (num_blocks < 1) throw std::invalid_argument("BlockAllocator: num_blocks must be >= 1");
   if (block_size < 1) throw std::invalid_argument("BlockAllocator: block_size must be >= 1");
   blocks_.resize(static_cast<size_t>(num_blocks));
@@ -43,18 +63,24 @@ void BlockAllocator::lru_push_back(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   blk.lru_prev = lru_tail_;
   blk.lru_next = -1;
-  if (lru_tail_ >= 0) blocks_[static_cast<size_t>(lru_tail_)].lru_next = b;
-  else lru_head_ = b;
+  if (lru_tail_ >= 0)
+    blocks_[static_cast<size_t>(lru_tail_)].lru_next = b;
+  else
+    lru_head_ = b;
   lru_tail_ = b;
   ++num_evictable_;
 }
 
 void BlockAllocator::lru_remove(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
-  if (blk.lru_prev >= 0) blocks_[static_cast<size_t>(blk.lru_prev)].lru_next = blk.lru_next;
-  else lru_head_ = blk.lru_next;
-  if (blk.lru_next >= 0) blocks_[static_cast<size_t>(blk.lru_next)].lru_prev = blk.lru_prev;
-  else lru_tail_ = blk.lru_prev;
+  if (blk.lru_prev >= 0)
+    blocks_[static_cast<size_t>(blk.lru_prev)].lru_next = blk.lru_next;
+  else
+    lru_head_ = blk.lru_next;
+  if (blk.lru_next >= 0)
+    blocks_[static_cast<size_t>(blk.lru_next)].lru_prev = blk.lru_prev;
+  else
+    lru_tail_ = blk.lru_prev;
   blk.lru_prev = blk.lru_next = -1;
   --num_evictable_;
 }
@@ -63,7 +89,9 @@ void BlockAllocator::uncache(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   by_hash_.erase(blk.hash);
   blk.cached = false;
-  blk.hash = blk.parent_hash = 0;
+  blk.hash = 0;
+  blk.parent = -1;
+  ++blk.gen;  // children registered after this block no longer chain to it
 }
 
 int32_t BlockAllocator::allocate() {
@@ -94,8 +122,10 @@ void BlockAllocator::release(int32_t block) {
   Block& blk = at(block);
   if (blk.ref <= 0) fail("release of free block " + std::to_string(block));
   if (--blk.ref > 0) return;
-  if (blk.cached) lru_push_back(block);
-  else clean_.push_back(block);
+  if (blk.cached)
+    lru_push_back(block);
+  else
+    clean_.push_back(block);
 }
 
 void BlockAllocator::release_all(const std::vector<int32_t>& blocks) {
@@ -109,42 +139,58 @@ void BlockAllocator::share(int32_t block) {
   ++blk.ref;
 }
 
-uint64_t BlockAllocator::hash_block(uint64_t parent_hash, const int32_t* tokens, int32_t n) {
-  uint64_t h = mix64(parent_hash + 0x9e3779b97f4a7c15ULL);
-  for (int32_t i = 0; i < n; ++i) {
-    h = mix64(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x9e3779b97f4a7c15ULL));
-  }
-  return h;
+uint64_t BlockAllocator::hash_block(uint64_t parent_hash, const int32_t* tokens) const {
+  return hash_fn_(hash_key_, parent_hash, tokens, block_size_);
 }
 
-bool BlockAllocator::register_block(int32_t block, uint64_t hash, uint64_t parent_hash,
+bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_t hash,
                                     const int32_t* tokens) {
   Block& blk = at(block);
   if (blk.ref <= 0) fail("register of free block " + std::to_string(block));
-  if (!prefix_caching_ || blk.cached || by_hash_.count(hash) != 0) return false;
+  if (!prefix_caching_ || blk.cached) return false;
+  uint32_t parent_gen = 0;
+  if (parent_block >= 0) {
+    const Block& parent = at(parent_block);
+    if (!parent.cached) return false;
+    parent_gen = parent.gen;
+  }
+  if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
+    // A name held by a block whose parent has since lost its contents is
+    // unreachable: free the name for this block when nobody uses the holder.
+    const int32_t holder = it->second;
+    const Block& h = blocks_[static_cast<size_t>(holder)];
+    const bool orphan = h.parent >= 0 && (!blocks_[static_cast<size_t>(h.parent)].cached ||
+                                          blocks_[static_cast<size_t>(h.parent)].gen != h.parent_gen);
+    if (!orphan || h.ref > 0) return false;
+    lru_remove(holder);
+    uncache(holder);
+    clean_.push_back(holder);
+  }
   blk.cached = true;
   blk.hash = hash;
-  blk.parent_hash = parent_hash;
+  blk.parent = parent_block;
+  blk.parent_gen = parent_gen;
   std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   by_hash_.emplace(hash, block);
   return true;
 }
 
-std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& hashes,
-                                                 const int32_t* tokens, int32_t max_blocks) const {
+std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
+                                                 int32_t max_blocks) const {
   std::vector<int32_t> found;
   if (!prefix_caching_) return found;
   const int32_t n = std::min<int32_t>(max_blocks, static_cast<int32_t>(hashes.size()));
-  uint64_t parent = 0;
   for (int32_t i = 0; i < n; ++i) {
     auto it = by_hash_.find(hashes[static_cast<size_t>(i)]);
     if (it == by_hash_.end()) break;
     const Block& blk = blocks_[static_cast<size_t>(it->second)];
     const int32_t* want = tokens + static_cast<ptrdiff_t>(i) * block_size_;
     const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(it->second) * block_size_;
-    if (blk.parent_hash != parent || !std::equal(want, want + block_size_, have)) break;
+    if (!std::equal(want, want + block_size_, have)) break;
+    const int32_t parent = i > 0 ? found.back() : -1;
+    if (blk.parent != parent) break;
+    if (parent >= 0 && blk.parent_gen != blocks_[static_cast<size_t>(parent)].gen) break;
     found.push_back(it->second);
-    parent = blk.hash;
   }
   return found;
 }
@@ -189,8 +235,10 @@ void BlockAllocator::check_invariants() const {
   for (int32_t b = 0; b < num_blocks_; ++b) {
     const Block& blk = blocks_[static_cast<size_t>(b)];
     if (blk.ref < 0) fail("negative ref on block " + std::to_string(b));
-    if (blk.ref == 0 && !seen[static_cast<size_t>(b)]) fail("block " + std::to_string(b) + " leaked (ref 0, not free)");
-    if (blk.ref > 0 && seen[static_cast<size_t>(b)]) fail("used block " + std::to_string(b) + " is on a free list");
+    if (blk.ref == 0 && !seen[static_cast<size_t>(b)])
+      fail("block " + std::to_string(b) + " leaked (ref 0, not free)");
+    if (blk.ref > 0 && seen[static_cast<size_t>(b)])
+      fail("used block " + std::to_string(b) + " is on a free list");
     if (blk.cached) {
       ++cached;
       auto it = by_hash_.find(blk.hash);
@@ -201,4 +249,4 @@ void BlockAllocator::check_invariants() const {
   if (num_free() + num_used() != num_blocks_) fail("free + used != total");
 }
 
-}  // namespace troupe::model
+}  // namespace troupe::core

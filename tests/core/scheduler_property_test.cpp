@@ -1,20 +1,23 @@
 // Randomized property test of the scheduler: random submits, cancels (also
-// while a step is in flight), steps and worker losses over small pools that
-// force preemption and eviction. After every operation check_invariants()
-// holds and the harness checks each plan (budget, tokens, block tables, the
-// shadow KV). At the end every accepted request finished exactly once, with
-// the scripted tokens, a count that fits its finish reason, and no block is
-// left in use.
+// while steps are in flight), one or two steps in flight, worker losses,
+// failed steps and work items, and requests moved out and back in, over small
+// pools that force preemption and eviction. After every operation
+// check_invariants() holds and the harness checks each plan (budget, the
+// worker's SequenceTable, block ownership, the shadow KV). At the end every
+// accepted request finished exactly once, with the scripted tokens (no token
+// lost or repeated, moves included), a count that fits its finish reason, and
+// no block is left in use.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <set>
 
-#include "actors/scheduler.hpp"
+#include "core/scheduler.hpp"
 #include "scheduler_harness.hpp"
 
-namespace troupe::actors {
+namespace troupe::core {
 namespace {
 
 constexpr int32_t kEos = 50256;
@@ -25,11 +28,18 @@ struct Trial {
   uint64_t digest = 0;  // of every plan, to check determinism
   int64_t preemptions = 0;
   int64_t hits = 0;
+  int64_t moves = 0;
+  std::set<uint64_t> moved;
+  int64_t errors = 0;
+  int64_t retries = 0;
 };
 
 void run_trial(uint64_t seed, int ops, Trial& t) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  auto pick = [&](int lo, int hi) { return static_cast<int>(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  auto pick = [&](int lo, int hi) {
+    return static_cast<int>(std::uniform_int_distribution<int>(lo, hi)(rng));
+  };
 
   SchedulerOptions& o = t.options;
   const int sizes[] = {1, 2, 3, 4, 8};
@@ -43,14 +53,18 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
   const double marks[] = {0.0, 0.0, 0.1, 0.3};
   o.watermark = marks[pick(0, 3)];
   o.seed = seed;
+  o.max_steps_in_flight = pick(1, 2);
+  const bool faults = pick(0, 2) == 0;
 
   test::Harness h(o);
+  h.expect_worker_failures = faults;
   // Scripted tokens: a pure function of (id, position); eos now and then.
   h.script = [](uint64_t id, int32_t pos) {
     uint64_t x = test::mix(id, static_cast<uint64_t>(pos));
     return x % 13 == 0 ? kEos : static_cast<int32_t>(x % 5);
   };
-  const std::vector<std::vector<int32_t>> prefixes = {{1, 2, 3, 4, 1, 2, 3, 4, 1, 2}, {4, 3, 2, 1, 0, 0, 1}, {}};
+  const std::vector<std::vector<int32_t>> prefixes = {
+      {1, 2, 3, 4, 1, 2, 3, 4, 1, 2}, {4, 3, 2, 1, 0, 0, 1}, {}};
 
   uint64_t next_id = 1;
   auto submit = [&]() {
@@ -67,12 +81,39 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
     if (!err) t.accepted.emplace(r.id, r);
   };
   auto cancel_some = [&]() { h.cancel(static_cast<uint64_t>(pick(1, static_cast<int>(next_id) + 2))); };
-  auto fold = [&](const model::StepPlan& plan) {
-    for (const auto& c : plan.seqs) {
-      t.digest = test::mix(t.digest, c.seq_id);
-      t.digest = test::mix(t.digest, static_cast<uint64_t>(c.start_pos) << 20 | c.token_ids.size());
-      t.digest = test::mix(t.digest, c.sampling.seed);
-      for (int32_t b : c.block_table) t.digest = test::mix(t.digest, static_cast<uint64_t>(b));
+  auto fold = [&](const StepPlan& plan) {
+    for (uint64_t id : plan.drop) t.digest = test::mix(t.digest, id);
+    for (const auto& ns : plan.new_seqs) {
+      t.digest = test::mix(t.digest, ns.seq_id ^ ns.sampling.seed);
+      for (int32_t b : ns.block_table) t.digest = test::mix(t.digest, static_cast<uint64_t>(b));
+    }
+    for (const auto& w : plan.work) {
+      t.digest = test::mix(t.digest, w.seq_id);
+      t.digest =
+          test::mix(t.digest, static_cast<uint64_t>(w.start_pos) << 20 | static_cast<uint64_t>(w.num_tokens));
+      for (int32_t b : w.new_blocks) t.digest = test::mix(t.digest, static_cast<uint64_t>(b));
+    }
+  };
+  auto plan_one = [&]() {
+    if (!h.sched.can_schedule()) return;
+    if (faults) {
+      const int f = pick(0, 19);
+      if (f == 0) h.fail_next_step = true;
+      if (f == 1 && !t.accepted.empty()) {
+        h.fail_seqs_next = {static_cast<uint64_t>(pick(1, static_cast<int>(next_id)))};
+        h.fail_retryable = pick(0, 1) == 1;
+      }
+    }
+    fold(h.plan_and_run());
+  };
+  auto move_one = [&]() {  // out of the scheduler (as to another worker) and back in
+    const auto id = static_cast<uint64_t>(pick(1, static_cast<int>(next_id)));
+    auto r = h.sched.extract(id);
+    h.sched.check_invariants();
+    if (r) {
+      EXPECT_FALSE(h.resubmit(*r)) << "a moved request must be accepted again";
+      ++t.moves;
+      t.moved.insert(id);
     }
   };
 
@@ -80,37 +121,47 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
     const int r = pick(0, 99);
     if (r < 25) {
       submit();
-    } else if (r < 33) {
+    } else if (r < 31) {
       cancel_some();
-    } else if (r < 40) {  // things happen while a step is in flight
-      auto plan = h.begin_step();
-      fold(plan);
-      if (pick(0, 1)) cancel_some();
-      if (pick(0, 1)) submit();
-      if (!plan.seqs.empty()) h.end_step(plan);
-    } else if (r < 41) {
-      auto plan = h.begin_step();
-      fold(plan);
+    } else if (r < 35) {
+      move_one();
+    } else if (r < 36) {
+      h.results.clear();  // what was in flight died with the worker
       h.sched.on_worker_lost();
       h.sched.check_invariants();
       std::fill(h.kv.begin(), h.kv.end(), 0);  // a fresh worker
-    } else {
-      fold(h.step());
+      h.worker = SequenceTable(test::table_options(o));
+    } else if (r < 70) {
+      plan_one();
+    } else if (!h.results.empty()) {
+      h.deliver();
     }
   }
   // Drain: everything accepted must finish.
+  h.fail_next_step = false;
+  h.fail_seqs_next.clear();
   for (int i = 0; i < 100000 && h.sched.has_unfinished() && !::testing::Test::HasFatalFailure(); ++i) {
-    auto plan = h.step();
+    if (!h.results.empty() && (!h.sched.can_schedule() || pick(0, 1))) {
+      h.deliver();
+      continue;
+    }
+    auto plan = h.plan_and_run();
     fold(plan);
-    if (plan.seqs.empty()) {
-      ADD_FAILURE() << "seed " << seed << ": stuck with unfinished requests (blocks " << o.num_blocks << " x " << o.block_size << ", budget " << o.max_num_batched_tokens << ", chunked " << o.enable_chunked_prefill << ", watermark " << o.watermark << ", waiting " << h.sched.num_waiting() << ", running " << h.sched.num_running() << ", free " << h.sched.stats().blocks_free << ")";
+    if (plan.empty() && h.results.empty()) {
+      ADD_FAILURE() << "seed " << seed << ": stuck with unfinished requests (blocks " << o.num_blocks << " x "
+                    << o.block_size << ", budget " << o.max_num_batched_tokens << ", chunked "
+                    << o.enable_chunked_prefill << ", watermark " << o.watermark << ", waiting "
+                    << h.sched.num_waiting() << ", running " << h.sched.num_running() << ", free "
+                    << h.sched.stats().blocks_free << ")";
       break;
     }
   }
 
+  while (!h.results.empty()) h.deliver();
   const auto st = h.sched.stats();
   t.preemptions = st.preemptions;
   t.hits = st.prefix_hit_blocks;
+  t.retries = st.retries;
   EXPECT_EQ(st.blocks_used, 0) << "seed " << seed;
   EXPECT_EQ(st.blocks_free, o.num_blocks) << "seed " << seed;
   EXPECT_EQ(h.sched.allocator().num_cached(), h.sched.allocator().num_evictable()) << "seed " << seed;
@@ -126,8 +177,8 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
     generated += n;
     EXPECT_EQ(f->usage.completion_tokens, n) << who;
     EXPECT_EQ(f->usage.prompt_tokens, prompt) << who;
-    EXPECT_LE(f->usage.cached_tokens, prompt - 1) << who;
-    EXPECT_EQ(static_cast<int32_t>(h.events[id].size()), n + 1) << who << ": one token event per token";
+    if (!t.moved.count(id)) EXPECT_LE(f->usage.cached_tokens, prompt - 1) << who;
+    EXPECT_EQ(static_cast<int32_t>(h.token_events(id).size()), n) << who << ": one token event per token";
     for (int32_t k = 0; k < n; ++k) {
       ASSERT_EQ(out[static_cast<size_t>(k)], h.script(id, prompt + k)) << who << " token " << k;
       if (k + 1 < n && !req.ignore_eos) {
@@ -155,13 +206,18 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
       case FinishReason::kStop:
         ADD_FAILURE() << who << ": stop without stop strings";
         break;
+      case FinishReason::kError:
+        EXPECT_TRUE(faults) << who << ": an error without injected faults";
+        EXPECT_FALSE(f->error.empty()) << who;
+        ++t.errors;
+        break;
     }
   }
   EXPECT_EQ(st.tokens_generated, generated);
 }
 
 TEST(SchedulerProperty, RandomWorkloadsKeepEveryInvariant) {
-  int64_t preemptions = 0, hits = 0, requests = 0;
+  int64_t preemptions = 0, hits = 0, requests = 0, moves = 0, errors = 0, retries = 0;
   // TROUPE_PROPERTY_TRIALS=N runs a longer soak.
   const char* env = std::getenv("TROUPE_PROPERTY_TRIALS");
   const uint64_t trials = env != nullptr ? std::strtoull(env, nullptr, 10) : 300;
@@ -170,14 +226,23 @@ TEST(SchedulerProperty, RandomWorkloadsKeepEveryInvariant) {
     run_trial(seed, 300, t);
     preemptions += t.preemptions;
     hits += t.hits;
+    moves += t.moves;
+    errors += t.errors;
+    retries += t.retries;
     requests += static_cast<int64_t>(t.accepted.size());
   }
   // The workload must really exercise the hard paths.
   EXPECT_GT(preemptions, 100);
   EXPECT_GT(hits, 100);
   EXPECT_GT(requests, 10000);
-  std::printf("[ property ] %lld requests, %lld preemptions, %lld prefix-cache block hits\n",
-              static_cast<long long>(requests), static_cast<long long>(preemptions), static_cast<long long>(hits));
+  EXPECT_GT(moves, 100);
+  EXPECT_GT(errors, 10);
+  EXPECT_GT(retries, 10);
+  std::printf(
+      "[ property ] %lld requests, %lld preemptions, %lld prefix-cache block hits, %lld moves, "
+      "%lld retries, %lld errors\n",
+      static_cast<long long>(requests), static_cast<long long>(preemptions), static_cast<long long>(hits),
+      static_cast<long long>(moves), static_cast<long long>(retries), static_cast<long long>(errors));
 }
 
 TEST(SchedulerProperty, SameInputsGiveSamePlans) {
@@ -191,4 +256,4 @@ TEST(SchedulerProperty, SameInputsGiveSamePlans) {
 }
 
 }  // namespace
-}  // namespace troupe::actors
+}  // namespace troupe::core

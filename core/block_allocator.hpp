@@ -1,0 +1,142 @@
+#pragma once
+// BlockAllocator: the bookkeeping of one worker's paged KV pool (PagedAttention,
+// Kwon et al., SOSP'23) with automatic prefix caching (vLLM V1's KV block pool).
+//
+// A block is `block_size` token slots. Every block is in exactly one state:
+//
+//   clean free ──allocate──▶ used (ref ≥ 1) ──release to ref 0──▶ clean free
+//                             │   ▲                                (no hash)
+//                  register   │   │ share (cache hit)
+//                  (full)     ▼   │
+//                          used+cached ──release to ref 0──▶ evictable (LRU)
+//                                                               │
+//                        allocate, no clean block left: evict ◀─┘ (hash dropped)
+//
+// A full block is named by a chained hash: hash(parent block's hash, its token
+// ids), keyed with a per-allocator random key (XXH3-64 with a seed), so
+// nobody outside the process can craft two prefixes with one name. A hash is
+// only a name, never a proof: a lookup accepts a cached block only when its
+// own tokens equal the query's and its parent is, by identity, the block
+// accepted one level up (each block remembers the block its K/V were computed
+// after, and a generation that changes whenever a block is given new
+// contents). So even a hash collision cannot hand out K/V computed under
+// another prefix (the class of bug of vLLM's GHSA-rm76-4mrf-v9r8); it can
+// only cost a cache miss.
+//
+// Cached blocks whose owners are all gone stay in an LRU and can be shared
+// again until the pool needs them; clean blocks are always handed out before a
+// cached one is evicted, most recently freed first (a stack), so the working
+// set of the pool stays small and untouched blocks are never paged in.
+//
+// Pure bookkeeping: no tensors, no threads. The owner (the scheduler) decides
+// when a block's contents are valid before it registers the block.
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+namespace troupe::core {
+
+class BlockAllocator {
+ public:
+  // hash(key, parent_hash, tokens, n): a block's name. Replaceable for tests
+  // that force collisions.
+  using HashFn =
+      std::function<uint64_t(uint64_t key, uint64_t parent_hash, const int32_t* tokens, int32_t n)>;
+
+  // num_blocks >= 1, block_size >= 1; without prefix caching register_block is
+  // a no-op and find_prefix never hits. hash_key 0 = a random key for this
+  // allocator (the names of blocks are then unpredictable outside it).
+  BlockAllocator(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching = true,
+                 uint64_t hash_key = 0);
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
+
+  int32_t num_free() const { return static_cast<int32_t>(clean_.size()) + num_evictable_; }  // ref 0
+  int32_t num_used() const { return num_blocks_ - num_free(); }                              // ref >= 1
+  int32_t num_evictable() const { return num_evictable_; }  // cached with ref 0 (in the LRU)
+  int32_t num_cached() const { return static_cast<int32_t>(by_hash_.size()); }  // holding a hash, any ref
+  int32_t ref_count(int32_t block) const { return at(block).ref; }
+  bool is_cached(int32_t block) const { return at(block).cached; }
+
+  // A block with ref 1: the most recently freed clean one if any, else the
+  // least recently released cached one (its hash is forgotten). -1 when every
+  // block is in use.
+  int32_t allocate();
+  // All-or-nothing: appends n blocks to `out`, or changes nothing and returns false.
+  bool allocate(int32_t n, std::vector<int32_t>& out);
+  // Drops one reference. At ref 0 a cached block joins the LRU tail, an
+  // uncached one the clean stack. Throws std::logic_error on a free block.
+  void release(int32_t block);
+  // Releases a sequence's blocks tail first, so that its last (least shared)
+  // blocks are evicted before its prefix.
+  void release_all(const std::vector<int32_t>& blocks);
+  // One more owner of a cached block (a prefix-cache hit); takes it out of the
+  // LRU when its ref was 0.
+  void share(int32_t block);
+
+  // The chained name of a full block (block_size tokens) given its parent's
+  // name (0 for the first block of a sequence).
+  uint64_t hash_block(uint64_t parent_hash, const int32_t* tokens) const;
+  // Names a used, full block whose K/V were computed after `parent_block`
+  // (-1 for a sequence's first block), so that later sequences can share it.
+  // `hash` must be hash_block(parent's hash, tokens). Returns false (and
+  // changes nothing) when caching is off, the block is already cached,
+  // another block holds this name, or the parent is not cached (a block is
+  // only reachable through its own, cached parent).
+  bool register_block(int32_t block, int32_t parent_block, uint64_t hash, const int32_t* tokens);
+  // The longest run of cached blocks for the query's full blocks
+  // hashes[0..max_blocks) with tokens tokens[0..max_blocks * block_size): each
+  // found by name, its tokens equal to the query's, and its parent the block
+  // found one level up (identity, not name). Changes nothing.
+  std::vector<int32_t> find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
+                                   int32_t max_blocks) const;
+  // Counts one admission's lookup: `queried` full blocks asked for, `hit` found.
+  void record_lookup(int32_t queried, int32_t hit);
+  // Forgets every name (the KV contents are gone, e.g. a lost worker). Blocks
+  // in the LRU become clean; used blocks keep their owners.
+  void clear_cache();
+
+  int64_t hit_blocks() const { return hit_blocks_; }
+  int64_t miss_blocks() const { return miss_blocks_; }
+  int64_t evictions() const { return evictions_; }
+
+  // Replaces the hash function (tests: force collisions). Call before any register_block.
+  void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }
+
+  // Throws std::logic_error when the free lists, LRU, hash map or counters disagree.
+  void check_invariants() const;
+
+ private:
+  struct Block {
+    int32_t ref = 0;
+    bool cached = false;
+    uint64_t hash = 0;
+    int32_t parent = -1;      // block whose K/V preceded this one's when it was computed; -1 = first
+    uint32_t parent_gen = 0;  // the parent's generation at registration
+    uint32_t gen = 0;         // bumped whenever the block loses its name (evicted, cleared)
+    int32_t lru_prev = -1, lru_next = -1;  // LRU links while evictable
+  };
+  const Block& at(int32_t block) const;
+  Block& at(int32_t block) { return const_cast<Block&>(static_cast<const BlockAllocator*>(this)->at(block)); }
+  void lru_push_back(int32_t b);
+  void lru_remove(int32_t b);
+  void uncache(int32_t b);
+
+  int32_t num_blocks_;
+  int32_t block_size_;
+  bool prefix_caching_;
+  uint64_t hash_key_;
+  HashFn hash_fn_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> clean_;   // stack of clean free blocks, lowest id on top at start
+  std::vector<int32_t> tokens_;  // [num_blocks * block_size]: ids of each cached block
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  int32_t lru_head_ = -1, lru_tail_ = -1;  // head = least recently released
+  int32_t num_evictable_ = 0;
+  int64_t hit_blocks_ = 0, miss_blocks_ = 0, evictions_ = 0;
+};
+
+}  // namespace troupe::core

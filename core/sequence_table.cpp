@@ -1,0 +1,198 @@
+#include "core/sequence_table.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace troupe::core {
+namespace {
+
+int64_t blocks_needed(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+std::string bad_blocks(const std::vector<int32_t>& blocks, int32_t num_blocks) {
+  std::unordered_set<int32_t> seen;
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= num_blocks) {
+      return "block " + std::to_string(b) + " is outside the pool of " + std::to_string(num_blocks) +
+             " blocks";
+    }
+    if (!seen.insert(b).second) return "block table names block " + std::to_string(b) + " twice";
+  }
+  return {};
+}
+
+}  // namespace
+
+SequenceTable::SequenceTable(const SequenceTableOptions& o) : options_(o) {
+  if (o.num_blocks < 1 || o.block_size < 1 || o.max_positions < 1 || o.vocab_size < 1) {
+    throw std::invalid_argument(
+        "SequenceTable: num_blocks, block_size, max_positions and vocab_size must be >= 1");
+  }
+}
+
+std::string SequenceTable::check_new(const NewSequence& ns) const {
+  const auto n = static_cast<int64_t>(ns.tokens.size());
+  if (n == 0) return "new sequence has no tokens";
+  if (n > options_.max_positions) {
+    return "new sequence has " + std::to_string(n) + " tokens, beyond n_positions " +
+           std::to_string(options_.max_positions);
+  }
+  for (int32_t t : ns.tokens) {
+    if (t < 0 || t >= options_.vocab_size) {
+      return "token " + std::to_string(t) + " is outside the vocabulary [0, " +
+             std::to_string(options_.vocab_size) + ")";
+    }
+  }
+  if (ns.num_cached < 0 || ns.num_cached >= n || ns.num_cached % options_.block_size != 0) {
+    return "num_cached " + std::to_string(ns.num_cached) +
+           " must be a whole number of blocks below the length " + std::to_string(n);
+  }
+  if (static_cast<int64_t>(ns.block_table.size()) < blocks_needed(ns.num_cached, options_.block_size)) {
+    return "block table does not cover the cached tokens";
+  }
+  if (auto e = bad_blocks(ns.block_table, options_.num_blocks); !e.empty()) return e;
+  try {
+    validate(ns.sampling);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+PreparedStep SequenceTable::prepare(const StepPlan& plan) {
+  PreparedStep step;
+  step.step_id = plan.step_id;
+  for (uint64_t id : plan.drop) seqs_.erase(id);
+  std::unordered_map<uint64_t, std::string> refused;  // new sequences not learned, and why
+  for (const NewSequence& ns : plan.new_seqs) {
+    seqs_.erase(ns.seq_id);  // a new sequence replaces whatever had its id
+    if (std::string e = check_new(ns); !e.empty()) {
+      refused[ns.seq_id] = e;
+      continue;
+    }
+    Entry& en = seqs_[ns.seq_id];
+    en.tokens = ns.tokens;
+    en.blocks = ns.block_table;
+    en.num_computed = ns.num_cached;
+    en.sampling = ns.sampling;
+  }
+
+  const int64_t bs = options_.block_size;
+  std::unordered_set<uint64_t> in_step;
+  std::unordered_map<int64_t, uint64_t> writer;  // KV slot -> seq writing it in this step
+  for (const SeqWork& w : plan.work) {
+    auto refuse = [&](const std::string& why, bool retryable) {
+      step.failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + ": " + why, retryable});
+      seqs_.erase(w.seq_id);
+    };
+    if (auto r = refused.find(w.seq_id); r != refused.end()) {
+      refuse(r->second, false);
+      continue;
+    }
+    if (!in_step.insert(w.seq_id).second) {
+      step.failures.push_back(
+          {w.seq_id, "seq " + std::to_string(w.seq_id) + " appears twice in one step", true});
+      continue;
+    }
+    auto it = seqs_.find(w.seq_id);
+    if (it == seqs_.end()) {
+      refuse("the worker does not hold this sequence (never sent, dropped, or lost)", true);
+      continue;
+    }
+    Entry& en = it->second;
+    if (w.start_pos != en.num_computed) {
+      refuse("plan starts at position " + std::to_string(w.start_pos) + ", the worker has computed " +
+                 std::to_string(en.num_computed),
+             true);
+      continue;
+    }
+    const int64_t end = static_cast<int64_t>(w.start_pos) + w.num_tokens;
+    if (w.num_tokens < 1 || end > static_cast<int64_t>(en.tokens.size())) {
+      refuse("plan runs " + std::to_string(w.num_tokens) + " tokens from " + std::to_string(w.start_pos) +
+                 " but the worker knows " + std::to_string(en.tokens.size()),
+             true);
+      continue;
+    }
+    if (end > options_.max_positions) {
+      refuse("positions reach " + std::to_string(end - 1) + ", beyond n_positions " +
+                 std::to_string(options_.max_positions),
+             false);
+      continue;
+    }
+    if (w.sample && end != static_cast<int64_t>(en.tokens.size())) {
+      refuse("plan samples after position " + std::to_string(end - 1) + " but the sequence is longer", true);
+      continue;
+    }
+    std::vector<int32_t> table = en.blocks;
+    table.insert(table.end(), w.new_blocks.begin(), w.new_blocks.end());
+    if (auto e = bad_blocks(table, options_.num_blocks); !e.empty()) {
+      refuse(e, true);
+      continue;
+    }
+    if (static_cast<int64_t>(table.size()) < blocks_needed(end, bs)) {
+      refuse("block table holds " + std::to_string(table.size()) + " blocks, " + std::to_string(end) +
+                 " tokens need " + std::to_string(blocks_needed(end, bs)),
+             true);
+      continue;
+    }
+    bool clash = false;
+    for (int64_t p = w.start_pos; p < end && !clash; ++p) {
+      const int64_t slot = static_cast<int64_t>(table[static_cast<size_t>(p / bs)]) * bs + p % bs;
+      auto [wit, fresh] = writer.emplace(slot, w.seq_id);
+      clash = !fresh && wit->second != w.seq_id;
+    }
+    if (clash) {
+      refuse("writes a KV slot that another sequence writes in this step", true);
+      continue;
+    }
+    en.blocks = std::move(table);
+    SeqChunk c;
+    c.seq_id = w.seq_id;
+    c.start_pos = w.start_pos;
+    c.token_ids.assign(en.tokens.begin() + w.start_pos, en.tokens.begin() + end);
+    c.block_table = en.blocks;
+    c.sample = w.sample;
+    c.sampling = en.sampling;
+    step.chunks.push_back(std::move(c));
+  }
+  return step;
+}
+
+void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput>& outputs,
+                           const std::vector<uint64_t>& failed) {
+  const std::unordered_set<uint64_t> bad(failed.begin(), failed.end());
+  size_t j = 0;
+  for (const SeqChunk& c : step.chunks) {
+    auto it = seqs_.find(c.seq_id);
+    if (it == seqs_.end()) continue;
+    if (bad.count(c.seq_id)) {
+      seqs_.erase(it);
+      continue;
+    }
+    Entry& en = it->second;
+    en.num_computed = c.start_pos + static_cast<int32_t>(c.token_ids.size());
+    if (c.sample) {
+      if (j >= outputs.size() || outputs[j].seq_id != c.seq_id) {
+        throw std::logic_error("SequenceTable::commit: outputs do not follow the sampling chunks");
+      }
+      en.tokens.push_back(outputs[j++].token.id);
+    }
+  }
+}
+
+void SequenceTable::abort(const PreparedStep& step) {
+  for (const SeqChunk& c : step.chunks) seqs_.erase(c.seq_id);
+}
+
+std::vector<int32_t> SequenceTable::tokens(uint64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? std::vector<int32_t>{} : it->second.tokens;
+}
+
+int32_t SequenceTable::num_computed(uint64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? -1 : it->second.num_computed;
+}
+
+}  // namespace troupe::core

@@ -1,0 +1,78 @@
+#pragma once
+// SequenceTable: a worker's per-sequence state, and the checking of step plans
+// against it. Every worker keeps one (the real one in front of the model, the
+// emulated one in front of a cost model, the tests' fake one): it knows each
+// live sequence's tokens (those it was sent, then those it sampled itself),
+// its block table and how many tokens are in the KV cache, so a plan only
+// names what changed (core/step_plan.hpp).
+//
+// A step on the worker:
+//
+//   PreparedStep p = table.prepare(plan);   // drop, learn, resolve work into chunks
+//   ... run p.chunks through the model ...  // or fail: table.abort(p)
+//   table.commit(p, outputs, failed);       // advance, append sampled tokens
+//
+// A work item the table refuses (unknown sequence, positions that disagree,
+// blocks outside the pool, a KV slot another item writes) becomes a
+// SeqFailure and its sequence is forgotten; the rest of the step runs.
+// Torch-free, no threads.
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "core/step_plan.hpp"
+
+namespace troupe::core {
+
+struct SequenceTableOptions {
+  int32_t num_blocks = 1;     // KV blocks in the worker's pool; >= 1
+  int32_t block_size = 16;    // token slots per block; >= 1
+  int32_t max_positions = 1;  // the model's n_positions: positions must stay below it
+  int32_t vocab_size = 1;     // token ids must lie in [0, vocab_size)
+};
+
+struct PreparedStep {
+  uint64_t step_id = 0;
+  std::vector<SeqChunk> chunks;      // the work that runs, in plan order
+  std::vector<SeqFailure> failures;  // work items refused, in plan order
+};
+
+class SequenceTable {
+ public:
+  explicit SequenceTable(const SequenceTableOptions& options);
+
+  // Forgets plan.drop, learns plan.new_seqs, and turns each work item into a
+  // chunk with its tokens and whole block table. New blocks are appended
+  // here; positions advance only in commit().
+  PreparedStep prepare(const StepPlan& plan);
+  // The step ran. outputs: one per sampling chunk that sampled, in chunk
+  // order; `failed`: chunks whose sampling failed (their sequences are
+  // forgotten). Every other chunk's sequence advances by its tokens, and a
+  // sampled token is appended to its sequence.
+  void commit(const PreparedStep& step, const std::vector<SeqOutput>& outputs,
+              const std::vector<uint64_t>& failed);
+  // The step failed as a whole: forgets every sequence it ran.
+  void abort(const PreparedStep& step);
+
+  bool contains(uint64_t seq_id) const { return seqs_.count(seq_id) != 0; }
+  size_t size() const { return seqs_.size(); }
+  // Tokens the worker knows for a sequence (tests); empty when unknown.
+  std::vector<int32_t> tokens(uint64_t seq_id) const;
+  int32_t num_computed(uint64_t seq_id) const;
+  const SequenceTableOptions& options() const { return options_; }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> blocks;
+    int32_t num_computed = 0;
+    SamplingParams sampling;
+  };
+  // Why a new sequence is unacceptable, or empty.
+  std::string check_new(const NewSequence& ns) const;
+
+  SequenceTableOptions options_;
+  std::unordered_map<uint64_t, Entry> seqs_;
+};
+
+}  // namespace troupe::core
