@@ -1,0 +1,321 @@
+#include "core/batcher.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace troupe::core {
+
+struct Batcher::Worker {
+  WorkerSpec spec;
+  std::unique_ptr<Scheduler> sched;
+  WorkerState state = WorkerState::kActive;
+  int64_t tokens_generated = 0;
+  int32_t load() const { return sched->num_running() + sched->num_waiting(); }
+};
+
+const char* to_string(PlacementPolicy policy) {
+  switch (policy) {
+    case PlacementPolicy::kRoundRobin:
+      return "round-robin";
+    case PlacementPolicy::kLeastLoaded:
+      return "least-loaded";
+    case PlacementPolicy::kPrefixAffinity:
+      return "prefix-affinity";
+  }
+  return "unknown";
+}
+
+PlacementPolicy parse_placement(const std::string& text) {
+  for (auto p :
+       {PlacementPolicy::kRoundRobin, PlacementPolicy::kLeastLoaded, PlacementPolicy::kPrefixAffinity}) {
+    if (text == to_string(p)) return p;
+  }
+  throw std::invalid_argument("placement must be round-robin, least-loaded or prefix-affinity, got '" + text +
+                              "'");
+}
+
+Batcher::Batcher(const BatcherOptions& options) : options_(options) {
+  if (options.unplaced_timeout_ns <= 0)
+    throw std::invalid_argument("BatcherOptions: unplaced_timeout_ns must be > 0");
+  if (options.max_unplaced < 0) throw std::invalid_argument("BatcherOptions: max_unplaced must be >= 0");
+}
+
+Batcher::~Batcher() = default;
+
+std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
+  if (workers_.count(spec.id)) return "worker " + std::to_string(spec.id) + " is already a member";
+  if (spec.id == 0) return std::string("worker id 0 is reserved");
+  for (const auto& [id, w] : workers_) {
+    const SchedulerOptions& o = w->spec.scheduler;
+    if (o.vocab_size != spec.scheduler.vocab_size || o.eos_id != spec.scheduler.eos_id) {
+      return "worker " + std::to_string(spec.id) + " serves another model (vocabulary " +
+             std::to_string(spec.scheduler.vocab_size) + ", eos " + std::to_string(spec.scheduler.eos_id) +
+             ") than worker " + std::to_string(id);
+    }
+  }
+  auto w = std::make_unique<Worker>();
+  w->spec = spec;
+  try {
+    w->sched = std::make_unique<Scheduler>(spec.scheduler);
+  } catch (const std::invalid_argument& e) {
+    return "worker " + std::to_string(spec.id) + ": " + e.what();
+  }
+  workers_.emplace(spec.id, std::move(w));
+  return std::nullopt;
+}
+
+void Batcher::collect(Worker& w) {
+  for (auto& ev : w.sched->take_events()) {
+    if (ev.kind == EventKind::kToken) ++w.tokens_generated;
+    if (ev.finished()) where_.erase(ev.request_id);
+    events_.push_back(std::move(ev));
+  }
+}
+
+Batcher::Worker* Batcher::pick(const Request& r) {
+  std::vector<Worker*> fit;
+  for (auto& [id, w] : workers_) {
+    if (w->state == WorkerState::kActive && !w->sched->check(r)) fit.push_back(w.get());
+  }
+  if (fit.empty()) return nullptr;
+  auto less_loaded = [](const Worker* a, const Worker* b) {
+    if (a->load() != b->load()) return a->load() < b->load();
+    return a->sched->allocator().num_free() > b->sched->allocator().num_free();
+  };
+  switch (options_.placement) {
+    case PlacementPolicy::kRoundRobin: {
+      // The first fitting worker whose id is >= the cursor, wrapping around.
+      auto it = std::find_if(fit.begin(), fit.end(), [&](const Worker* w) { return w->spec.id >= rr_next_; });
+      Worker* w = it != fit.end() ? *it : fit.front();
+      rr_next_ = w->spec.id + 1;
+      return w;
+    }
+    case PlacementPolicy::kLeastLoaded:
+      return *std::min_element(fit.begin(), fit.end(), less_loaded);
+    case PlacementPolicy::kPrefixAffinity: {
+      std::vector<int32_t> tokens = r.prompt_ids;
+      tokens.insert(tokens.end(), r.output_ids.begin(), r.output_ids.end());
+      Worker* best = nullptr;
+      int32_t best_hit = -1;
+      for (Worker* w : fit) {
+        const int32_t hit = w->sched->cached_prefix_blocks(tokens);
+        if (hit > best_hit || (hit == best_hit && less_loaded(w, best))) {
+          best = w;
+          best_hit = hit;
+        }
+      }
+      return best;
+    }
+  }
+  return fit.front();
+}
+
+// Queues r on the best worker that can run it; false when none can now.
+bool Batcher::place(Request r, int64_t now) {
+  (void)now;
+  Worker* w = pick(r);
+  if (w == nullptr) return false;
+  const uint64_t id = r.id;
+  if (auto err = w->sched->submit(std::move(r))) {
+    throw std::logic_error("Batcher: a worker refused a request its check() accepted: " + *err);
+  }
+  where_[id] = w->spec.id;
+  return true;
+}
+
+std::optional<std::string> Batcher::refused_by_all(const Request& r) const {
+  std::optional<std::string> why;
+  for (const auto& [id, w] : workers_) {
+    auto err = w->sched->check(r);
+    if (!err) return std::nullopt;
+    if (!why) why = err;
+  }
+  return why;
+}
+
+void Batcher::fail_unplaced(const Request& r, const std::string& error, FinishReason reason) {
+  RequestEvent ev;
+  ev.request_id = r.id;
+  ev.kind = EventKind::kFinished;
+  ev.finish_reason = reason;
+  ev.error = error;
+  ev.output_ids = r.output_ids;
+  ev.usage.prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  ev.usage.completion_tokens = static_cast<int32_t>(r.output_ids.size());
+  events_.push_back(std::move(ev));
+  where_.erase(r.id);
+}
+
+std::optional<std::string> Batcher::submit(Request request, int64_t now) {
+  const std::string who = "request " + std::to_string(request.id) + ": ";
+  if (where_.count(request.id)) return who + "id is already in use by an unfinished request";
+  // Refuse what no live worker could ever run; with none live, wait.
+  if (auto why = refused_by_all(request)) return why;
+  if (place(request, now)) return std::nullopt;
+  if (static_cast<int32_t>(unplaced_.size()) >= options_.max_unplaced) {
+    return who + "no worker can take it now and " + std::to_string(unplaced_.size()) +
+           " requests already wait for one";
+  }
+  where_[request.id] = 0;
+  unplaced_.push_back({std::move(request), now + options_.unplaced_timeout_ns});
+  return std::nullopt;
+}
+
+bool Batcher::finish(uint64_t id, FinishReason reason, const std::string& error) {
+  auto it = where_.find(id);
+  if (it == where_.end()) return false;
+  if (it->second != 0) {
+    Worker& w = *workers_.at(it->second);
+    w.sched->finish(id, reason, error);
+    collect(w);
+    return true;
+  }
+  auto u =
+      std::find_if(unplaced_.begin(), unplaced_.end(), [&](const Unplaced& x) { return x.request.id == id; });
+  if (u != unplaced_.end()) {
+    fail_unplaced(u->request, error, reason);
+    unplaced_.erase(u);
+  }
+  where_.erase(id);
+  return true;
+}
+
+void Batcher::move_all(Worker& w, int64_t now) {
+  std::vector<Request> moving = w.sched->extract_all();
+  collect(w);
+  for (Request& r : moving) {
+    where_.erase(r.id);
+    const uint64_t id = r.id;
+    if (place(r, now)) continue;
+    where_[id] = 0;
+    unplaced_.push_back({std::move(r), now + options_.unplaced_timeout_ns});
+  }
+}
+
+bool Batcher::remove_worker(uint64_t id, int64_t now) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return false;
+  std::unique_ptr<Worker> w = std::move(it->second);
+  workers_.erase(it);
+  move_all(*w, now);  // the others are the only candidates now
+  return true;
+}
+
+bool Batcher::drain_worker(uint64_t id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return false;
+  Worker& w = *it->second;
+  w.state = WorkerState::kDraining;
+  // Requests it has not started go where they can start; if nowhere, they stay.
+  std::vector<uint64_t> waiting;
+  for (const auto& [rid, wid] : where_) {
+    if (wid == id && w.sched->is_waiting(rid)) waiting.push_back(rid);
+  }
+  std::sort(waiting.begin(), waiting.end());
+  for (uint64_t rid : waiting) {
+    std::optional<Request> r = w.sched->extract(rid);
+    if (!r) continue;
+    Worker* other = pick(*r);
+    if (other == nullptr) {
+      w.sched->submit(std::move(*r));  // nowhere else: it runs here after all
+      continue;
+    }
+    other->sched->submit(std::move(*r));
+    where_[rid] = other->spec.id;
+  }
+  collect(w);
+  return true;
+}
+
+bool Batcher::drained(uint64_t id) const {
+  auto it = workers_.find(id);
+  return it == workers_.end() || !it->second->sched->has_unfinished();
+}
+
+std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult& result, int64_t now) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return std::nullopt;  // a late result from a worker already removed
+  Worker& w = *it->second;
+  try {
+    w.sched->on_step_done(result);
+  } catch (const std::invalid_argument& e) {
+    const std::string why =
+        "worker " + std::to_string(worker) + " sent a result that does not fit its plan: " + e.what();
+    remove_worker(worker, now);
+    return why;
+  }
+  collect(w);
+  return std::nullopt;
+}
+
+std::vector<Dispatch> Batcher::schedule(int64_t now) {
+  // Unplaced requests, in arrival order: past the deadline they fail; the
+  // first worker that fits takes them; if every worker refuses one, it fails.
+  std::vector<Unplaced> pending;
+  pending.swap(unplaced_);
+  for (Unplaced& u : pending) {
+    if (u.deadline <= now) {
+      fail_unplaced(u.request, "no worker could run request " + std::to_string(u.request.id) +
+                                   " before its deadline (" + std::to_string(workers_.size()) + " workers)");
+    } else if (auto why = refused_by_all(u.request)) {
+      fail_unplaced(u.request, *why);
+    } else if (!place(u.request, now)) {
+      unplaced_.push_back(std::move(u));
+    }
+  }
+
+  std::vector<Dispatch> out;
+  for (auto& [id, w] : workers_) {
+    while (w->sched->can_schedule()) {
+      StepPlan plan = w->sched->schedule();
+      if (plan.empty()) break;
+      out.push_back({id, std::move(plan)});
+    }
+    collect(*w);
+  }
+  return out;
+}
+
+std::optional<int64_t> Batcher::next_deadline() const {
+  std::optional<int64_t> d;
+  for (const Unplaced& u : unplaced_) d = d ? std::min(*d, u.deadline) : u.deadline;
+  return d;
+}
+
+std::vector<RequestEvent> Batcher::take_events() {
+  std::vector<RequestEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+int32_t Batcher::num_waiting() const {
+  int32_t n = static_cast<int32_t>(unplaced_.size());
+  for (const auto& [id, w] : workers_) n += w->sched->num_waiting();
+  return n;
+}
+
+int32_t Batcher::num_running() const {
+  int32_t n = 0;
+  for (const auto& [id, w] : workers_) n += w->sched->num_running();
+  return n;
+}
+
+std::vector<WorkerStats> Batcher::worker_stats() const {
+  std::vector<WorkerStats> out;
+  for (const auto& [id, w] : workers_) {
+    out.push_back({id, w->spec.node, w->spec.device, w->state, w->sched->stats(), w->tokens_generated});
+  }
+  return out;
+}
+
+uint64_t Batcher::worker_of(uint64_t request_id) const {
+  auto it = where_.find(request_id);
+  return it == where_.end() ? 0 : it->second;
+}
+
+const Scheduler* Batcher::scheduler(uint64_t worker) const {
+  auto it = workers_.find(worker);
+  return it == workers_.end() ? nullptr : it->second->sched.get();
+}
+
+}  // namespace troupe::core

@@ -1,0 +1,149 @@
+#pragma once
+// Batcher: the pure core of the cluster's batcher. One Scheduler per worker;
+// places each new request on a worker, drives each worker on its own (up to
+// max_steps_in_flight steps, planned as soon as a result returns), moves
+// requests off a worker that is lost or drained, and keeps requests that no
+// worker can run yet until a deadline.
+//
+//   submit ──▶ place ──▶ worker w's Scheduler ──schedule()──▶ (w, StepPlan) ──▶ worker w
+//                ▲                    ▲                                          │
+//     lost/drain │  (recompute)       └──────────── on_result(w, StepResult) ◀───┘
+//                └── extract_all(w)
+//
+// Placement (PlacementPolicy): round-robin, least-loaded (running + waiting
+// sequences, then free KV blocks), or prefix affinity (the worker whose prefix
+// cache holds the longest prefix of the prompt, ties to least-loaded).
+//
+// No threads, clocks or I/O: time comes in as `now` (nanoseconds, any
+// epoch), so the batcher actor and the discrete-event simulator drive the
+// same code. Not thread-safe.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/request.hpp"
+#include "core/scheduler.hpp"
+#include "core/step_plan.hpp"
+
+namespace troupe::core {
+
+enum class PlacementPolicy { kRoundRobin, kLeastLoaded, kPrefixAffinity };
+// "round-robin", "least-loaded", "prefix-affinity".
+const char* to_string(PlacementPolicy policy);
+// The inverse; std::invalid_argument on anything else.
+PlacementPolicy parse_placement(const std::string& text);
+
+struct BatcherOptions {
+  PlacementPolicy placement = PlacementPolicy::kPrefixAffinity;
+  int64_t unplaced_timeout_ns = 30'000'000'000;  // a request no worker can take fails after this; > 0
+  int32_t max_unplaced = 4096;                   // requests waiting for any worker at most; >= 0
+};
+
+// A worker as the batcher sees it: its name and its scheduler's settings
+// (pool size, budgets; max_model_len and vocab_size come from its model).
+struct WorkerSpec {
+  uint64_t id = 0;     // unique among live workers
+  std::string node;    // process or host it lives on (status, logs)
+  std::string device;  // "cpu", "cuda:0", "emulated"
+  SchedulerOptions scheduler;
+};
+
+enum class WorkerState { kActive, kDraining };
+
+struct WorkerStats {
+  uint64_t id = 0;
+  std::string node, device;
+  WorkerState state = WorkerState::kActive;
+  SchedulerStats scheduler;
+  int64_t tokens_generated = 0;  // over its life
+};
+
+struct Dispatch {
+  uint64_t worker = 0;
+  StepPlan plan;
+};
+
+class Batcher {
+ public:
+  explicit Batcher(const BatcherOptions& options = {});
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Membership. add_worker refuses (with the reason) a duplicate id or a
+  // worker whose model disagrees with the others (vocabulary, eos). Requests
+  // waiting for any worker are placed at the next schedule().
+  std::optional<std::string> add_worker(const WorkerSpec& spec);
+  // The worker and its KV are gone: its steps in flight are dropped and every
+  // unfinished request on it moves to the other workers (prompt + tokens so
+  // far, recomputed), or waits for one. False for an unknown id.
+  bool remove_worker(uint64_t id, int64_t now);
+  // No new requests go to the worker; those it has not started move elsewhere
+  // now (or stay, when no other worker can take them); the running ones
+  // finish there. `drained()` says when it is empty; at a drain deadline,
+  // remove_worker() moves what is left.
+  bool drain_worker(uint64_t id);
+  bool drained(uint64_t id) const;
+  bool has_worker(uint64_t id) const { return workers_.count(id) != 0; }
+  size_t num_workers() const { return workers_.size(); }
+
+  // Queues a request on a worker (placement) or, with no worker able to take
+  // it now, until one joins (up to unplaced_timeout_ns). Refuses (with the
+  // reason, changing nothing) an id in use, too many unplaced requests, or a
+  // request that no live worker could ever run.
+  std::optional<std::string> submit(Request request, int64_t now);
+  // Ends a request wherever it is (final event with `reason`); false when unknown.
+  bool finish(uint64_t id, FinishReason reason, const std::string& error = {});
+  bool cancel(uint64_t id) { return finish(id, FinishReason::kCancelled); }
+
+  // The result of worker's oldest step in flight. A result that does not fit
+  // the plan means a broken worker: it is removed (remove_worker) and the
+  // reason returned.
+  std::optional<std::string> on_result(uint64_t worker, const StepResult& result, int64_t now);
+  // Plans a step for every worker that can take one and has work; places
+  // waiting requests first; fails unplaced requests past their deadline.
+  std::vector<Dispatch> schedule(int64_t now);
+  // The earliest deadline of an unplaced request (for a timer), if any.
+  std::optional<int64_t> next_deadline() const;
+
+  std::vector<RequestEvent> take_events();
+
+  bool has_unfinished() const { return !where_.empty(); }
+  int32_t num_unfinished() const { return static_cast<int32_t>(where_.size()); }
+  int32_t num_unplaced() const { return static_cast<int32_t>(unplaced_.size()); }
+  // Requests queued, not yet running anywhere (unplaced + waiting in schedulers).
+  int32_t num_waiting() const;
+  int32_t num_running() const;
+  std::vector<WorkerStats> worker_stats() const;
+  // Which worker holds a request (0 = unplaced or unknown).
+  uint64_t worker_of(uint64_t request_id) const;
+  const Scheduler* scheduler(uint64_t worker) const;
+
+ private:
+  struct Worker;
+  struct Unplaced {
+    Request request;
+    int64_t deadline = 0;
+  };
+  Worker* pick(const Request& r);
+  // The first reason a live worker gives for refusing r, when all refuse it.
+  std::optional<std::string> refused_by_all(const Request& r) const;
+  // The final event of a request that never reached a worker.
+  void fail_unplaced(const Request& r, const std::string& error, FinishReason reason = FinishReason::kError);
+  bool place(Request r, int64_t now);
+  void move_all(Worker& w, int64_t now);
+  void collect(Worker& w);
+
+  BatcherOptions options_;
+  std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration
+  std::vector<Unplaced> unplaced_;                       // in arrival order
+  std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)
+  uint64_t rr_next_ = 0;
+  std::vector<RequestEvent> events_;
+};
+
+}  // namespace troupe::core

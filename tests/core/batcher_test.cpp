@@ -1,0 +1,284 @@
+// The cluster batcher over scripted workers (core::SequenceTable each, no
+// model): placement policies, two steps in flight per worker, a lost worker's
+// requests moving with nothing repeated or lost, drain, requests waiting for a
+// worker, and a worker that sends nonsense.
+#include "core/batcher.hpp"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <random>
+
+#include "core/sequence_table.hpp"
+#include "scheduler_harness.hpp"
+
+namespace troupe::core {
+namespace {
+
+using test::make_request;
+using test::range_tokens;
+
+int32_t script(uint64_t id, int32_t pos) { return static_cast<int32_t>((id * 7919 + pos * 31) % 50000); }
+
+SchedulerOptions worker_options(int32_t blocks = 64, int32_t in_flight = 2) {
+  SchedulerOptions o = test::small_options();
+  o.num_blocks = blocks;
+  o.max_steps_in_flight = in_flight;
+  return o;
+}
+
+// Scripted workers behind a Batcher: each runs its plans in order on its own
+// SequenceTable and holds the results until delivered.
+struct Cluster {
+  explicit Cluster(BatcherOptions o = {}) : b(o) {}
+
+  void add(uint64_t id, SchedulerOptions o = worker_options()) {
+    ASSERT_FALSE(b.add_worker({id, "node" + std::to_string(id), "fake", o}));
+    tables.emplace(id, SequenceTable(test::table_options(o)));
+  }
+  void lose(uint64_t id) {
+    tables.erase(id);
+    pending.erase(id);
+    b.remove_worker(id, now);
+  }
+  // One round: plan everything, run it on the workers, deliver one result per worker.
+  void round() {
+    for (auto& d : b.schedule(now)) {
+      auto& t = tables.at(d.worker);
+      PreparedStep p = t.prepare(d.plan);
+      for (const auto& f : p.failures) ADD_FAILURE() << "worker " << d.worker << " refused: " << f.error;
+      StepResult r;
+      r.step_id = d.plan.step_id;
+      for (const auto& c : p.chunks) {
+        if (c.sample)
+          r.outputs.push_back(
+              {c.seq_id,
+               {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}}});
+      }
+      t.commit(p, r.outputs, {});
+      pending[d.worker].push_back(r);
+      ++plans[d.worker];
+    }
+    for (auto& [id, q] : pending) {
+      if (q.empty()) continue;
+      EXPECT_FALSE(b.on_result(id, q.front(), now));
+      q.pop_front();
+    }
+    now += 1000;
+    drain();
+  }
+  void drain() {
+    for (auto& ev : b.take_events()) {
+      if (ev.kind == EventKind::kToken) tokens[ev.request_id].push_back(ev.token_id);
+      if (ev.finished()) finals[ev.request_id].push_back(ev);
+    }
+  }
+  void run(int max_rounds = 10000) {
+    for (int i = 0; i < max_rounds && b.has_unfinished(); ++i) round();
+    EXPECT_FALSE(b.has_unfinished());
+  }
+  std::vector<int32_t> expected(uint64_t id, int32_t prompt, int32_t n) const {
+    std::vector<int32_t> v;
+    for (int32_t k = 0; k < n; ++k) v.push_back(script(id, prompt + k));
+    return v;
+  }
+
+  Batcher b;
+  int64_t now = 0;
+  std::map<uint64_t, SequenceTable> tables;
+  std::map<uint64_t, std::deque<StepResult>> pending;
+  std::map<uint64_t, int> plans;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, std::vector<RequestEvent>> finals;
+};
+
+TEST(Batcher, RoundRobinAlternatesAndEveryRequestFinishes) {
+  BatcherOptions o;
+  o.placement = PlacementPolicy::kRoundRobin;
+  Cluster c(o);
+  c.add(1);
+  c.add(2);
+  for (uint64_t id = 10; id < 16; ++id)
+    ASSERT_FALSE(c.b.submit(make_request(id, range_tokens(5, 100 * id), 6), c.now));
+  for (uint64_t id = 10; id < 16; ++id) EXPECT_EQ(c.b.worker_of(id), id % 2 == 0 ? 1u : 2u) << id;
+  c.run();
+  for (uint64_t id = 10; id < 16; ++id) {
+    ASSERT_EQ(c.finals[id].size(), 1u);
+    EXPECT_EQ(c.finals[id][0].output_ids, c.expected(id, 5, 6));
+    EXPECT_EQ(c.tokens[id], c.expected(id, 5, 6));
+  }
+  EXPECT_GT(c.plans[1], 0);
+  EXPECT_GT(c.plans[2], 0);
+}
+
+TEST(Batcher, LeastLoadedFillsTheEmptierWorker) {
+  BatcherOptions o;
+  o.placement = PlacementPolicy::kLeastLoaded;
+  Cluster c(o);
+  c.add(1);
+  c.add(2);
+  ASSERT_FALSE(c.b.submit(make_request(1, range_tokens(4), 30), c.now));
+  ASSERT_FALSE(c.b.submit(make_request(2, range_tokens(4, 9), 30), c.now));
+  ASSERT_FALSE(c.b.submit(make_request(3, range_tokens(4, 19), 30), c.now));
+  EXPECT_NE(c.b.worker_of(1), c.b.worker_of(2));
+  c.round();
+  c.b.cancel(c.b.worker_of(1) == c.b.worker_of(3) ? 2 : 1);  // one worker now has 2, the other 0
+  const uint64_t empty =
+      c.b.worker_of(1) != 0 ? (c.b.worker_of(1) == 1 ? 2 : 1) : (c.b.worker_of(2) == 1 ? 2 : 1);
+  ASSERT_FALSE(c.b.submit(make_request(4, range_tokens(4, 29), 3), c.now));
+  EXPECT_EQ(c.b.worker_of(4), empty);
+}
+
+TEST(Batcher, PrefixAffinityGoesWhereThePrefixIsCached) {
+  Cluster c;  // prefix affinity is the default
+  c.add(1);
+  c.add(2);
+  const auto shared = range_tokens(16, 500);
+  auto with = [&](std::vector<int32_t> tail) {
+    auto p = shared;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  ASSERT_FALSE(c.b.submit(make_request(1, with({1}), 2), c.now));
+  const uint64_t home = c.b.worker_of(1);
+  c.run();
+  // The other worker is emptier in blocks, but the prefix lives on `home`.
+  for (uint64_t id = 2; id < 5; ++id) {
+    ASSERT_FALSE(c.b.submit(make_request(id, with({static_cast<int32_t>(id), 7}), 2), c.now));
+    EXPECT_EQ(c.b.worker_of(id), home) << id;
+  }
+  c.run();
+  EXPECT_EQ(c.finals[4][0].usage.cached_tokens, 16);
+  // Without a cached prefix it goes to the less loaded worker.
+  ASSERT_FALSE(c.b.submit(make_request(8, with({8}), 20), c.now));
+  EXPECT_EQ(c.b.worker_of(8), home);
+  ASSERT_FALSE(c.b.submit(make_request(9, range_tokens(6, 9000), 2), c.now));
+  EXPECT_NE(c.b.worker_of(9), home);
+  c.run();
+}
+
+TEST(Batcher, ALostWorkersRequestsContinueElsewhereWithNothingRepeatedOrLost) {
+  BatcherOptions o;
+  o.placement = PlacementPolicy::kRoundRobin;
+  Cluster c(o);
+  c.add(1);
+  c.add(2);
+  for (uint64_t id = 1; id <= 6; ++id)
+    ASSERT_FALSE(c.b.submit(make_request(id, range_tokens(7, 10 * id), 20), c.now));
+  for (int i = 0; i < 8; ++i) c.round();
+  std::vector<uint64_t> moved;
+  for (uint64_t id = 1; id <= 6; ++id)
+    if (c.b.worker_of(id) == 2) moved.push_back(id);
+  ASSERT_FALSE(moved.empty());
+  c.lose(2);  // kill -9: its steps in flight are gone
+  for (uint64_t id : moved) EXPECT_EQ(c.b.worker_of(id), 1u) << id;
+  c.run();
+  for (uint64_t id = 1; id <= 6; ++id) {
+    ASSERT_EQ(c.finals[id].size(), 1u) << id;
+    EXPECT_EQ(c.finals[id][0].finish_reason, FinishReason::kLength);
+    EXPECT_EQ(c.tokens[id], c.expected(id, 7, 20))
+        << "request " << id << ": streamed tokens without gaps or repeats";
+    EXPECT_EQ(c.finals[id][0].output_ids, c.expected(id, 7, 20)) << id;
+  }
+}
+
+TEST(Batcher, RequestsWaitForAWorkerAndFailAtTheirDeadline) {
+  BatcherOptions o;
+  o.unplaced_timeout_ns = 5000;
+  Cluster c(o);
+  ASSERT_FALSE(c.b.submit(make_request(1, range_tokens(5), 3), c.now));
+  EXPECT_EQ(c.b.num_unplaced(), 1);
+  EXPECT_EQ(c.b.next_deadline(), std::optional<int64_t>(5000));
+  c.round();
+  c.add(1);  // joins in time
+  c.run();
+  ASSERT_EQ(c.finals[1].size(), 1u);
+  EXPECT_EQ(c.finals[1][0].output_ids, c.expected(1, 5, 3));
+
+  c.lose(1);
+  ASSERT_FALSE(c.b.submit(make_request(2, range_tokens(5), 3), c.now));
+  for (int i = 0; i < 6; ++i) c.round();
+  ASSERT_EQ(c.finals[2].size(), 1u);
+  EXPECT_EQ(c.finals[2][0].finish_reason, FinishReason::kError);
+  EXPECT_NE(c.finals[2][0].error.find("deadline"), std::string::npos) << c.finals[2][0].error;
+  EXPECT_FALSE(c.b.has_unfinished());
+}
+
+TEST(Batcher, RefusesWhatNoWorkerCanRunAndDuplicateIds) {
+  Cluster c;
+  c.add(1, worker_options(/*blocks=*/4));  // 16 slots
+  auto err = c.b.submit(make_request(1, range_tokens(20), 2), c.now);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("KV blocks"), std::string::npos) << *err;
+  ASSERT_FALSE(c.b.submit(make_request(2, range_tokens(4), 2), c.now));
+  err = c.b.submit(make_request(2, range_tokens(4), 2), c.now);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("in use"), std::string::npos) << *err;
+  // A bigger worker joins: now it fits, and goes there.
+  c.add(2, worker_options(64));
+  ASSERT_FALSE(c.b.submit(make_request(1, range_tokens(20), 2), c.now));
+  EXPECT_EQ(c.b.worker_of(1), 2u);
+  // A worker with another model is refused.
+  SchedulerOptions other = worker_options();
+  other.vocab_size = 1000;
+  other.eos_id = 999;
+  err = c.b.add_worker({3, "n3", "fake", other});
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("another model"), std::string::npos) << *err;
+  c.run();
+}
+
+TEST(Batcher, DrainMovesQueuedRequestsAndLetsRunningOnesFinish) {
+  BatcherOptions o;
+  o.placement = PlacementPolicy::kRoundRobin;
+  Cluster c(o);
+  SchedulerOptions one_at_a_time = worker_options();
+  one_at_a_time.max_num_seqs = 1;
+  c.add(1, one_at_a_time);
+  c.add(2, one_at_a_time);
+  for (uint64_t id = 1; id <= 4; ++id)
+    ASSERT_FALSE(c.b.submit(make_request(id, range_tokens(4, 10 * id), 5), c.now));
+  c.round();  // 1 runs on worker 1, 2 on worker 2; 3 and 4 wait
+  ASSERT_EQ(c.b.worker_of(3), 1u);
+  ASSERT_TRUE(c.b.drain_worker(1));
+  EXPECT_EQ(c.b.worker_of(1), 1u) << "running: stays";
+  EXPECT_EQ(c.b.worker_of(3), 2u) << "queued: moved";
+  EXPECT_FALSE(c.b.drained(1));
+  ASSERT_FALSE(c.b.submit(make_request(5, range_tokens(4, 50), 2), c.now));
+  EXPECT_EQ(c.b.worker_of(5), 2u) << "a draining worker takes nothing new";
+  c.run();
+  EXPECT_TRUE(c.b.drained(1));
+  for (uint64_t id = 1; id <= 4; ++id) EXPECT_EQ(c.tokens[id], c.expected(id, 4, 5)) << id;
+}
+
+TEST(Batcher, AWorkerSendingNonsenseIsRemovedAndItsRequestsMove) {
+  Cluster c;
+  c.add(1);
+  c.add(2);
+  ASSERT_FALSE(c.b.submit(make_request(1, range_tokens(5), 4), c.now));
+  const uint64_t w = c.b.worker_of(1);
+  auto ds = c.b.schedule(c.now);
+  ASSERT_FALSE(ds.empty());
+  StepResult junk;
+  junk.step_id = 12345;
+  auto why = c.b.on_result(w, junk, c.now);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("does not fit"), std::string::npos) << *why;
+  EXPECT_FALSE(c.b.has_worker(w));
+  EXPECT_EQ(c.b.worker_of(1), w == 1 ? 2u : 1u);
+  c.tables.erase(w);
+  c.pending.clear();
+  c.run();
+  EXPECT_EQ(c.tokens[1], c.expected(1, 5, 4));
+}
+
+TEST(Batcher, ParsesPlacementNames) {
+  for (auto p :
+       {PlacementPolicy::kRoundRobin, PlacementPolicy::kLeastLoaded, PlacementPolicy::kPrefixAffinity})
+    EXPECT_EQ(parse_placement(to_string(p)), p);
+  EXPECT_THROW(parse_placement("random"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe::core
