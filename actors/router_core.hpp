@@ -1,0 +1,184 @@
+#pragma once
+// RouterCore: the pure core of the router actor, the cluster's front door.
+// It validates and tokenizes jobs, assigns request ids and seeds (so a
+// request's output never depends on the worker that serves it), bounds the
+// queue (past `max_queue` requests waiting to start, a job gets an explicit
+// `busy` at once), and turns the batcher's token events into each client's
+// stream: incremental detokenising and stop strings happen here, off the
+// batcher's critical path (vLLM v1's output processor); a stop found here
+// ends the sequence at the batcher.
+//
+//   client ──Job──▶ RouterCore ──Request / FinishCommand──▶ batcher
+//   client ◀──Accepted, Rejected, TokenDelta, Finished── RouterCore ◀──RequestEvents── batcher
+//
+// A request's life here: accepted (queued) → scheduled → streaming → done.
+// Cancel, a vanished client, a stop string, eos, length and errors all end
+// it exactly once. No threads, clocks or I/O: time comes in as `now` (ns).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "core/batcher.hpp"
+#include "core/request.hpp"
+#include "core/sampling_params.hpp"
+
+namespace troupe::model {
+class Tokenizer;
+}
+
+namespace troupe::actors {
+
+class OutputText;
+
+// A job as a client submits it.
+struct Job {
+  uint64_t tag = 0;                   // the client's name for it, unique per client
+  std::optional<std::string> prompt;  // text; exactly one of prompt / prompt_ids
+  std::optional<std::vector<int32_t>> prompt_ids;
+  int32_t max_tokens = 16;        // >= 1
+  core::SamplingParams sampling;  // its seed field is ignored: see `seed`
+  std::optional<uint64_t> seed;   // none: the router draws one
+  std::vector<std::string> stop;  // stop strings: non-empty, at most kMaxStops
+  bool ignore_eos = false;
+  int32_t priority = 0;  // lower runs first
+};
+
+struct RouterOptions {
+  int32_t max_queue = 1024;      // accepted requests not yet started, at most; >= 0
+  int32_t max_model_len = 1024;  // prompt + max_tokens at most (the model's n_positions)
+  int32_t vocab_size = 50257;
+  int32_t eos_id = 50256;  // -1 = none
+  uint64_t seed = 0;       // base of the seeds drawn for jobs that bring none
+};
+
+constexpr size_t kMaxStops = 16;        // stop strings per job
+constexpr size_t kMaxStopBytes = 1024;  // bytes per stop string
+
+enum class RejectCode { kBusy, kInvalid, kTooLong, kNoWorkers, kShuttingDown };
+// "busy", "invalid", "too_long", "no_workers", "shutting_down".
+const char* to_string(RejectCode code);
+
+struct Accepted {
+  uint64_t tag = 0;
+  uint64_t request_id = 0;
+};
+struct Rejected {
+  uint64_t tag = 0;
+  RejectCode code = RejectCode::kInvalid;
+  std::string message;
+};
+// New output of one request: text that became safe to show, and the ids
+// (with logprobs when asked) that produced it.
+struct TokenDelta {
+  uint64_t tag = 0;
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<core::SampledToken> logprobs;  // one per id when the job asked for logprobs
+};
+struct Timings {
+  double queue_ms = 0;  // accepted -> first scheduled
+  double ttft_ms = 0;   // accepted -> first token (0 when none)
+  double e2e_ms = 0;    // accepted -> finished
+};
+struct Finished {
+  uint64_t tag = 0;
+  core::FinishReason reason = core::FinishReason::kLength;
+  std::string text;   // the last safe text (what stop matching held back)
+  std::string error;  // reason kError
+  core::Usage usage;
+  Timings timings;
+};
+struct RouterStats {
+  int64_t accepted = 0;
+  int64_t rejected = 0;
+  int64_t finished = 0;       // requests ended (any reason)
+  int32_t queued = 0;         // accepted, not yet started
+  int32_t running = 0;        // started, not finished
+  int64_t prompt_tokens = 0;  // of finished requests
+  int64_t output_tokens = 0;  // streamed
+  int32_t workers = 0;        // as last told by the batcher
+  bool shutting_down = false;
+};
+
+// The batcher's view (the answer to its stats request).
+struct BatcherStatus {
+  std::vector<core::WorkerStats> workers;
+  int32_t waiting = 0;  // requests queued (placed or not), not running
+  int32_t running = 0;
+  int32_t unplaced = 0;  // waiting for any worker
+};
+
+// What `troupe status` shows.
+struct StatusReport {
+  BatcherStatus batcher;
+  RouterStats router;
+  double uptime_s = 0;
+};
+
+using ClientMessage = std::variant<Accepted, Rejected, TokenDelta, Finished, StatusReport>;
+
+struct Reply {
+  std::string client;  // the client's address (a ZeroMQ routing id, an HTTP connection, ...)
+  ClientMessage message;
+};
+
+// What the batcher must do: run a request, or end one (cancel, stop).
+struct FinishCommand {
+  uint64_t request_id = 0;
+  core::FinishReason reason = core::FinishReason::kCancelled;
+};
+using BatcherCommand = std::variant<core::Request, FinishCommand>;
+
+struct RouterOutput {
+  std::vector<Reply> replies;
+  std::vector<BatcherCommand> commands;
+};
+
+class RouterCore {
+ public:
+  // `tokenizer` must outlive the router.
+  RouterCore(const model::Tokenizer& tokenizer, const RouterOptions& options);
+  ~RouterCore();
+  RouterCore(const RouterCore&) = delete;
+  RouterCore& operator=(const RouterCore&) = delete;
+
+  void on_submit(const std::string& client, const Job& job, int64_t now, RouterOutput& out);
+  // The client gives up a job; false when it is not (or no longer) running.
+  bool on_cancel(const std::string& client, uint64_t tag, int64_t now, RouterOutput& out);
+  // The client cannot be reached any more: its requests are cancelled (their
+  // KV freed) and nothing more is sent to it.
+  void on_client_gone(const std::string& client, RouterOutput& out);
+  void on_events(const std::vector<core::RequestEvent>& events, int64_t now, RouterOutput& out);
+  // How many workers the batcher has (0: new jobs wait for one, up to its deadline).
+  void set_workers(int32_t n) { stats_.workers = n; }
+  // New jobs are refused from now on ("shutting_down"); running ones go on.
+  void begin_shutdown() { stats_.shutting_down = true; }
+  bool idle() const { return by_id_.empty(); }
+
+  // Checks and tokenizes a job: the request to run (id and seed still unset),
+  // or why not. Also the HTTP front's validation.
+  std::variant<core::Request, Rejected> admit(const Job& job) const;
+
+  const RouterStats& stats() const { return stats_; }
+  const RouterOptions& options() const { return options_; }
+
+ private:
+  struct Live;
+  void finish(Live& r, const Finished& f, int64_t now, RouterOutput& out);
+  void erase(uint64_t id);
+
+  const model::Tokenizer& tokenizer_;
+  RouterOptions options_;
+  uint64_t next_id_ = 1;
+  uint64_t seed_counter_ = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<Live>> by_id_;
+  std::map<std::pair<std::string, uint64_t>, uint64_t> by_tag_;  // (client, tag) -> request id
+  RouterStats stats_;
+};
+
+}  // namespace troupe::actors

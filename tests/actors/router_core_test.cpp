@@ -1,0 +1,264 @@
+// RouterCore with GPT-2's real tokenizer: validation and rejection codes,
+// ids and seeds, the queue bound, streaming text with stop strings, cancel and
+// vanished clients, timings.
+#include "actors/router_core.hpp"
+
+#include <gtest/gtest.h>
+
+#include "model/tokenizer.hpp"
+#include "test_utils.hpp"
+
+namespace troupe::actors {
+namespace {
+
+const model::Tokenizer& gpt2() {
+  static const model::Tokenizer tok = model::Tokenizer::from_dir(troupe::test::tokenizer_dir());
+  return tok;
+}
+
+RouterOptions options(int32_t max_queue = 8) {
+  RouterOptions o;
+  o.max_queue = max_queue;
+  o.max_model_len = 64;
+  o.seed = 5;
+  return o;
+}
+
+Job text_job(uint64_t tag, const std::string& prompt, int32_t max_tokens = 8) {
+  Job j;
+  j.tag = tag;
+  j.prompt = prompt;
+  j.max_tokens = max_tokens;
+  return j;
+}
+
+template <class T>
+std::vector<T> of(const RouterOutput& out) {
+  std::vector<T> v;
+  for (const auto& r : out.replies)
+    if (auto* m = std::get_if<T>(&r.message)) v.push_back(*m);
+  return v;
+}
+
+core::RequestEvent token(uint64_t id, int32_t t) {
+  core::RequestEvent ev;
+  ev.request_id = id;
+  ev.kind = core::EventKind::kToken;
+  ev.token_id = t;
+  return ev;
+}
+
+core::RequestEvent scheduled(uint64_t id, int32_t cached = 0) {
+  core::RequestEvent ev;
+  ev.request_id = id;
+  ev.kind = core::EventKind::kScheduled;
+  ev.usage.cached_tokens = cached;
+  return ev;
+}
+
+core::RequestEvent finished(uint64_t id, core::FinishReason reason) {
+  core::RequestEvent ev;
+  ev.request_id = id;
+  ev.kind = core::EventKind::kFinished;
+  ev.finish_reason = reason;
+  return ev;
+}
+
+TEST(RouterCore, AcceptsTokenizesAndAssignsIdsAndSeeds) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  r.on_submit("a", text_job(1, "Hello world"), 0, out);
+  Job ids = text_job(2, "");
+  ids.prompt.reset();
+  ids.prompt_ids = std::vector<int32_t>{15496, 995};
+  ids.seed = 77;
+  ids.priority = -1;
+  r.on_submit("b", ids, 0, out);
+  ASSERT_EQ(of<Accepted>(out).size(), 2u);
+  ASSERT_EQ(out.commands.size(), 2u);
+  const auto& r1 = std::get<core::Request>(out.commands[0]);
+  const auto& r2 = std::get<core::Request>(out.commands[1]);
+  EXPECT_EQ(r1.prompt_ids, gpt2().encode("Hello world"));
+  EXPECT_EQ(r2.prompt_ids, (std::vector<int32_t>{15496, 995}));
+  EXPECT_NE(r1.id, r2.id);
+  EXPECT_EQ(of<Accepted>(out)[0].request_id, r1.id);
+  ASSERT_TRUE(r1.seed.has_value());
+  EXPECT_EQ(*r2.seed, 77u);
+  EXPECT_EQ(r2.priority, -1);
+  // Seeds come from the router's seeded counter: the same for the same order.
+  RouterCore again(gpt2(), options());
+  RouterOutput out2;
+  again.on_submit("z", text_job(9, "Other text"), 0, out2);
+  EXPECT_EQ(*std::get<core::Request>(out2.commands[0]).seed, *r1.seed);
+  EXPECT_EQ(r.stats().queued, 2);
+}
+
+TEST(RouterCore, RejectsBadJobsWithTheRightCode) {
+  RouterCore r(gpt2(), options());
+  auto code_of = [&](Job j) {
+    RouterOutput out;
+    r.on_submit("c", j, 0, out);
+    auto rej = of<Rejected>(out);
+    EXPECT_TRUE(out.commands.empty());
+    return rej.empty() ? std::string("accepted")
+                       : std::string(to_string(rej[0].code)) + ": " + rej[0].message;
+  };
+  auto expect = [&](Job j, const std::string& code, const std::string& words) {
+    const std::string got = code_of(std::move(j));
+    EXPECT_EQ(got.rfind(code, 0), 0u) << got;
+    EXPECT_NE(got.find(words), std::string::npos) << got;
+  };
+  Job both = text_job(1, "x");
+  both.prompt_ids = std::vector<int32_t>{1};
+  expect(both, "invalid", "exactly one");
+  Job none = text_job(1, "x");
+  none.prompt.reset();
+  expect(none, "invalid", "exactly one");
+  expect(text_job(1, ""), "invalid", "empty");
+  expect(text_job(1, std::string("\xff\xfe bad utf-8")), "invalid", "prompt");
+  expect(text_job(1, "x", 0), "invalid", "max_tokens");
+  expect(text_job(1, std::string(400, 'a') +
+                         " b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k "
+                         "l m n o p q r s t u v w x y z"),
+         "too_long", "tokens");
+  expect(text_job(1, "Hello", 64), "too_long", "max_tokens");
+  Job hot = text_job(1, "x");
+  hot.sampling.temperature = -1;
+  expect(hot, "invalid", "temperature");
+  Job stops = text_job(1, "x");
+  stops.stop = {""};
+  expect(stops, "invalid", "non-empty");
+  stops.stop = std::vector<std::string>(kMaxStops + 1, "s");
+  expect(stops, "invalid", "stop strings");
+  Job vocab = text_job(1, "x");
+  vocab.prompt.reset();
+  vocab.prompt_ids = std::vector<int32_t>{1, 50257};
+  expect(vocab, "invalid", "vocabulary");
+  EXPECT_EQ(r.stats().accepted, 0);
+  EXPECT_EQ(r.stats().rejected, 11);
+  // A running tag cannot be reused by the same client; another client may.
+  RouterOutput out;
+  r.on_submit("c", text_job(3, "ok"), 0, out);
+  expect(text_job(3, "again"), "invalid", "tag 3");
+  r.on_submit("d", text_job(3, "ok"), 0, out);
+  EXPECT_EQ(of<Accepted>(out).size(), 2u);
+}
+
+TEST(RouterCore, PastMaxQueueJobsAreBusyAtOnceUntilRequestsStart) {
+  RouterCore r(gpt2(), options(/*max_queue=*/2));
+  RouterOutput out;
+  for (uint64_t t = 1; t <= 3; ++t) r.on_submit("a", text_job(t, "x"), 0, out);
+  ASSERT_EQ(of<Rejected>(out).size(), 1u);
+  EXPECT_EQ(of<Rejected>(out)[0].code, RejectCode::kBusy);
+  EXPECT_EQ(of<Rejected>(out)[0].tag, 3u);
+  EXPECT_EQ(out.commands.size(), 2u);
+  const uint64_t first = of<Accepted>(out)[0].request_id;
+  RouterOutput out2;
+  r.on_events({scheduled(first)}, 10, out2);  // one starts running: room for one more
+  r.on_submit("a", text_job(4, "x"), 10, out2);
+  EXPECT_EQ(of<Accepted>(out2).size(), 1u);
+  r.on_submit("a", text_job(5, "x"), 10, out2);
+  EXPECT_EQ(of<Rejected>(out2).size(), 1u);
+  EXPECT_EQ(r.stats().queued, 2);
+  EXPECT_EQ(r.stats().running, 1);
+}
+
+TEST(RouterCore, StreamsTextAndFinishesWithUsageAndTimings) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  Job j = text_job(7, "Once upon");
+  j.sampling.logprobs = 1;
+  r.on_submit("a", j, 1'000'000, out);
+  const uint64_t id = of<Accepted>(out)[0].request_id;
+  const auto ids = gpt2().encode(" a time, caf\xc3\xa9");
+  RouterOutput s;
+  r.on_events({scheduled(id, 0)}, 3'000'000, s);
+  int64_t t = 5'000'000;
+  for (int32_t x : ids) r.on_events({token(id, x)}, t += 1'000'000, s);
+  r.on_events({token(id, 50256), finished(id, core::FinishReason::kEos)}, t += 1'000'000, s);
+  std::string text;
+  size_t n_ids = 0, n_lp = 0;
+  for (const auto& d : of<TokenDelta>(s)) {
+    text += d.text;
+    n_ids += d.ids.size();
+    n_lp += d.logprobs.size();
+    EXPECT_EQ(d.tag, 7u);
+  }
+  auto fin = of<Finished>(s);
+  ASSERT_EQ(fin.size(), 1u);
+  text += fin[0].text;
+  EXPECT_EQ(text, " a time, caf\xc3\xa9");
+  EXPECT_EQ(n_ids, ids.size() + 1);
+  EXPECT_EQ(n_lp, n_ids);
+  EXPECT_EQ(fin[0].reason, core::FinishReason::kEos);
+  EXPECT_EQ(fin[0].usage.prompt_tokens, static_cast<int32_t>(gpt2().encode("Once upon").size()));
+  EXPECT_EQ(fin[0].usage.completion_tokens, static_cast<int32_t>(ids.size()) + 1);
+  EXPECT_DOUBLE_EQ(fin[0].timings.queue_ms, 2.0);
+  EXPECT_DOUBLE_EQ(fin[0].timings.ttft_ms, 5.0);
+  EXPECT_DOUBLE_EQ(fin[0].timings.e2e_ms, static_cast<double>(t - 1'000'000) / 1e6);
+  EXPECT_TRUE(r.idle());
+  EXPECT_EQ(r.stats().finished, 1);
+  EXPECT_EQ(r.stats().running, 0);
+}
+
+TEST(RouterCore, AStopStringEndsTheRequestHereAndAtTheBatcher) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  Job j = text_job(1, "Count:");
+  j.stop = {" three"};
+  r.on_submit("a", j, 0, out);
+  const uint64_t id = of<Accepted>(out)[0].request_id;
+  RouterOutput s;
+  for (int32_t x : gpt2().encode(" one two three four")) r.on_events({token(id, x)}, 1, s);
+  auto fin = of<Finished>(s);
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].reason, core::FinishReason::kStop);
+  std::string text;
+  for (const auto& d : of<TokenDelta>(s)) text += d.text;
+  EXPECT_EQ(text + fin[0].text, " one two");
+  ASSERT_EQ(s.commands.size(), 1u);
+  const auto& cmd = std::get<FinishCommand>(s.commands[0]);
+  EXPECT_EQ(cmd.request_id, id);
+  EXPECT_EQ(cmd.reason, core::FinishReason::kStop);
+  EXPECT_EQ(of<TokenDelta>(s).size(), 3u) << "tokens after the stop are not streamed";
+  // The batcher's own final event for it comes later and is ignored.
+  RouterOutput late;
+  r.on_events({finished(id, core::FinishReason::kStop)}, 2, late);
+  EXPECT_TRUE(late.replies.empty());
+}
+
+TEST(RouterCore, CancelAndVanishedClientsEndTheirRequestsOnce) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  r.on_submit("a", text_job(1, "x"), 0, out);
+  r.on_submit("a", text_job(2, "y"), 0, out);
+  r.on_submit("b", text_job(1, "z"), 0, out);
+  const auto acc = of<Accepted>(out);
+  RouterOutput c;
+  EXPECT_TRUE(r.on_cancel("b", 1, 5, c));
+  EXPECT_FALSE(r.on_cancel("b", 1, 5, c));
+  ASSERT_EQ(of<Finished>(c).size(), 1u);
+  EXPECT_EQ(of<Finished>(c)[0].reason, core::FinishReason::kCancelled);
+  ASSERT_EQ(c.commands.size(), 1u);
+  EXPECT_EQ(std::get<FinishCommand>(c.commands[0]).request_id, acc[2].request_id);
+  RouterOutput g;
+  r.on_client_gone("a", g);
+  EXPECT_TRUE(g.replies.empty()) << "nothing is sent to a client that is gone";
+  EXPECT_EQ(g.commands.size(), 2u);
+  EXPECT_TRUE(r.idle());
+  RouterOutput late;
+  r.on_events({token(acc[0].request_id, 5)}, 9, late);
+  EXPECT_TRUE(late.replies.empty());
+}
+
+TEST(RouterCore, ShuttingDownRefusesNewJobs) {
+  RouterCore r(gpt2(), options());
+  r.begin_shutdown();
+  RouterOutput out;
+  r.on_submit("a", text_job(1, "x"), 0, out);
+  ASSERT_EQ(of<Rejected>(out).size(), 1u);
+  EXPECT_EQ(of<Rejected>(out)[0].code, RejectCode::kShuttingDown);
+}
+
+}  // namespace
+}  // namespace troupe::actors
