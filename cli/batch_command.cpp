@@ -2,9 +2,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -19,6 +21,7 @@
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/paged_kv_cache.hpp"
+#include "model/sampler.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -46,15 +49,35 @@ struct Job {
 const std::set<std::string> kFields = {"id",  "prompt", "prompt_ids", "max_tokens", "temperature", "top_k",
                                        "top_p", "seed",  "stop",       "logprobs",   "ignore_eos",  "priority"};
 
+// An integer field within [lo, hi] of its type, or an error naming it: never
+// narrowed (JSON integers reach 2^64 - 1; larger ones parse as floats).
 template <class T>
-T get_number(const json& j, const char* key) {
+T get_int(const json& j, const char* key, T lo = std::numeric_limits<T>::min(),
+          T hi = std::numeric_limits<T>::max()) {
   const json& v = j.at(key);
-  if constexpr (std::is_integral_v<T>) {
-    if (!v.is_number_integer()) throw std::invalid_argument(std::string("\"") + key + "\" must be an integer");
-  } else {
-    if (!v.is_number()) throw std::invalid_argument(std::string("\"") + key + "\" must be a number");
+  __int128 x = 0;
+  if (v.is_number_unsigned())
+    x = v.get<uint64_t>();
+  else if (v.is_number_integer())
+    x = v.get<int64_t>();
+  if (!v.is_number_integer() || x < static_cast<__int128>(lo) || x > static_cast<__int128>(hi)) {
+    throw std::invalid_argument(std::string("\"") + key + "\" must be an integer in [" + std::to_string(lo) +
+                                ", " + std::to_string(hi) + "], got " + v.dump());
   }
-  return v.get<T>();
+  return static_cast<T>(x);
+}
+
+// A float field that is finite as a float and passes `ok`, or an error
+// naming it and the range `want` describes.
+template <class Ok>
+float get_float(const json& j, const char* key, Ok ok, const char* want) {
+  const json& v = j.at(key);
+  const double d = v.is_number() ? v.get<double>() : 0.0;
+  if (!v.is_number() || !std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max() ||
+      !ok(static_cast<float>(d))) {
+    throw std::invalid_argument(std::string("\"") + key + "\" must be " + want + ", got " + v.dump());
+  }
+  return static_cast<float>(d);
 }
 
 core::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logprobs, std::vector<std::string>& stop) {
@@ -75,20 +98,17 @@ core::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logpro
       r.prompt_ids.push_back(v.get<int32_t>());
     }
   }
-  if (j.contains("max_tokens")) {
-    int64_t m = get_number<int64_t>(j, "max_tokens");
-    if (m < 1 || m > INT32_MAX) throw std::invalid_argument("\"max_tokens\" must be at least 1");
-    r.max_tokens = static_cast<int32_t>(m);
-  }
-  if (j.contains("temperature")) r.sampling.temperature = get_number<float>(j, "temperature");
-  if (j.contains("top_k")) r.sampling.top_k = get_number<int32_t>(j, "top_k");
-  if (j.contains("top_p")) r.sampling.top_p = get_number<float>(j, "top_p");
-  if (j.contains("seed")) {
-    if (!j["seed"].is_number_unsigned()) throw std::invalid_argument("\"seed\" must be a non-negative integer");
-    r.seed = j["seed"].get<uint64_t>();
-  }
+  if (j.contains("max_tokens")) r.max_tokens = get_int<int32_t>(j, "max_tokens", 1);
+  if (j.contains("temperature"))
+    r.sampling.temperature = get_float(
+        j, "temperature", [](float t) { return t >= 0; }, "a finite number >= 0 (0 = greedy)");
+  if (j.contains("top_k")) r.sampling.top_k = get_int<int32_t>(j, "top_k", 0);
+  if (j.contains("top_p"))
+    r.sampling.top_p = get_float(
+        j, "top_p", [](float p) { return p > 0 && p <= 1; }, "a number in (0, 1]");
+  if (j.contains("seed")) r.seed = get_int<uint64_t>(j, "seed");
   if (j.contains("logprobs")) {
-    r.sampling.logprobs = get_number<int32_t>(j, "logprobs");
+    r.sampling.logprobs = get_int<int32_t>(j, "logprobs", -1, model::kMaxLogprobs);
     logprobs = r.sampling.logprobs >= 0;
   }
   if (j.contains("stop")) {
@@ -108,7 +128,7 @@ core::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logpro
     if (!j["ignore_eos"].is_boolean()) throw std::invalid_argument("\"ignore_eos\" must be true or false");
     r.ignore_eos = j["ignore_eos"].get<bool>();
   }
-  if (j.contains("priority")) r.priority = get_number<int32_t>(j, "priority");
+  if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
   return r;
 }
 

@@ -1,15 +1,18 @@
 #include "model/threading.hpp"
 
 #include <dlfcn.h>
+#include <omp.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
-#include <thread>
 
 #include <ATen/Parallel.h>
+
+#include "model/cpu_count.hpp"
 
 namespace troupe::model {
 namespace {
@@ -37,27 +40,57 @@ int env_int(const char* name) {
 
 }  // namespace
 
+std::vector<ThreadBudget> split_thread_budget(int cpus, int workers) {
+  if (cpus < 1 || workers < 1)
+    throw std::invalid_argument("split_thread_budget: need at least 1 CPU and 1 worker, got " +
+                                std::to_string(cpus) + " CPUs for " + std::to_string(workers) + " workers");
+  std::vector<ThreadBudget> out(workers);
+  for (int w = 0; w < workers; ++w) {
+    out[w].intra_op_threads = std::max(1, cpus / workers + (w < cpus % workers ? 1 : 0));
+    out[w].blas_threads = workers == 1 ? out[w].intra_op_threads : 1;
+  }
+  return out;
+}
+
+void apply_thread_budget(const ThreadBudget& budget) {
+  if (budget.intra_op_threads < 1 || budget.blas_threads < 1)
+    throw std::invalid_argument("apply_thread_budget: thread counts must be >= 1, got intra_op " +
+                                std::to_string(budget.intra_op_threads) + ", blas " +
+                                std::to_string(budget.blas_threads));
+  // at::get_num_threads runs ATen's once-per-thread init (it copies ATen's
+  // process-wide count into this thread's team size); after it, nothing in
+  // ATen resets this thread's team size behind our back.
+  (void)at::get_num_threads();
+  omp_set_num_threads(budget.intra_op_threads);
+  set_blas_threads(budget.blas_threads);
+}
+
 void ensure_passive_openmp(int argc, char** argv) {
   (void)argc;
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   execv("/proc/self/exe", argv);
-  // exec failed (no /proc?): carry on with active waiting rather than die.
+  // exec failed (no /proc?): libgomp keeps its default; do not claim otherwise.
+  unsetenv("OMP_WAIT_POLICY");
 }
 
 void configure_threads(const ThreadOptions& options) {
   int intra = options.intra_op_threads > 0 ? options.intra_op_threads : env_int("TROUPE_THREADS");
-  if (intra <= 0) intra = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int blas = options.blas_threads > 0 ? options.blas_threads : intra;
-  at::set_num_threads(intra);
-  set_blas_threads(blas);
+  if (intra <= 0) intra = usable_cpus();
+  const int blas = options.blas_threads > 0 ? options.blas_threads : intra;
+  at::set_num_threads(intra);  // the default of threads that have not run ATen yet
+  apply_thread_budget({intra, blas});
 }
 
 const char* thread_summary() {
   static thread_local std::string s;
+  const CpuCount c = count_cpus();
   const char* wp = std::getenv("OMP_WAIT_POLICY");
-  s = "torch=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
-      " omp_wait_policy=" + (wp ? wp : "default");
+  char quota[32] = "no quota";
+  if (c.quota > 0) std::snprintf(quota, sizeof quota, "quota %.2f", c.quota);
+  s = "cpus=" + std::to_string(c.usable) + " (affinity " + std::to_string(c.affinity) + ", " + quota +
+      ") omp=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
+      " omp_wait_policy=" + (wp && *wp ? wp : "unset");
   return s.c_str();
 }
 

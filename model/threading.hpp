@@ -1,27 +1,63 @@
 #pragma once
-// Threading policy for the numerics, decided on purpose (docs/threading.md):
-// libtorch's intra-op pool is OpenMP (libgomp), GEMMs go to OpenBLAS's own
-// pthread pool. With both spinning on 2 cores they fight: measured 3-4x slower
-// batched decode at batch 16/64. OMP_WAIT_POLICY=PASSIVE makes idle OpenMP
-// workers sleep instead of spin, which fixes it. libgomp reads that variable
-// once, when it is loaded, so a process that wants it must have it in its
-// environment from the start: ensure_passive_openmp() re-executes the program
-// with it set (once; a user's own OMP_WAIT_POLICY is respected).
+// Threading policy for the numerics, decided on purpose (docs/threading.md).
+//
+// Pools: libtorch's intra-op pool and our kernels' at::parallel_for are
+// OpenMP (libgomp); at:: GEMMs that reach BLAS run on OpenBLAS's own pthread
+// pool. What holds, checked by tests/model/threading_test.cpp:
+// - libgomp's team size (nthreads-var) is per thread: each worker thread sets
+//   its own with omp_set_num_threads and gets its own team of pool threads.
+// - at::set_num_threads is not per thread: besides this thread's team size it
+//   stores a process-wide value that ATen copies into every thread on that
+//   thread's first at::parallel_for (at::init_num_threads). A worker that set
+//   its own count before its first parallel region can thus get another
+//   worker's. apply_thread_budget() forces that first copy, then sets the
+//   team size directly.
+// - OpenBLAS's thread count is one per process.
+// - OMP_WAIT_POLICY is read once, when libgomp is loaded: ensure_passive_openmp()
+//   re-executes the program with it set.
+
+#include <vector>
 
 namespace troupe::model {
 
 struct ThreadOptions {
-  int intra_op_threads = 0;  // libtorch intra-op threads; 0 = number of online CPUs
-  int blas_threads = 0;      // OpenBLAS threads; 0 = same as intra_op_threads
+  int intra_op_threads =
+      0;  // OpenMP threads of the process; 0 = TROUPE_THREADS, else usable CPUs (cpu_count.hpp)
+  int blas_threads = 0;  // OpenBLAS threads; 0 = same as intra_op_threads
 };
 
-// Call first thing in main(). Returns only if no re-exec was needed or it failed.
+// The threads one worker may use.
+struct ThreadBudget {
+  int intra_op_threads = 1;  // OpenMP team size of the worker's own parallel regions; >= 1
+  int blas_threads = 1;      // OpenBLAS threads; process-wide, so equal in every budget of one split; >= 1
+};
+
+// Splits `cpus` usable CPUs among `workers` workers of one process so that
+// they run `cpus` compute threads in all, not workers x cpus: cpus / workers
+// each and one more for the first cpus % workers; at least 1 each (more
+// workers than CPUs oversubscribe, one thread each). BLAS gets the intra-op
+// count with one worker, 1 thread with several: its pool is process-wide and
+// troupe's own kernels do the projections (docs/threading.md has the numbers).
+// Throws std::invalid_argument unless cpus >= 1 and workers >= 1.
+std::vector<ThreadBudget> split_thread_budget(int cpus, int workers);
+
+// Applies `budget` on the calling thread and only there (OpenBLAS's count
+// aside, which is process-wide): call it first on a worker's own thread,
+// before its first forward pass. Leaves ATen's process-wide default alone.
+// Throws std::invalid_argument if a count is < 1.
+void apply_thread_budget(const ThreadBudget& budget);
+
+// Call first thing in main(). Returns only if no re-exec was needed or it
+// failed. A user's own OMP_WAIT_POLICY is respected.
 void ensure_passive_openmp(int argc, char** argv);
 
-// Applies the options; reads TROUPE_THREADS (intra-op) when the field is 0.
+// One worker in the process: applies the options on the calling thread and
+// makes them ATen's process-wide default. Reads TROUPE_THREADS when
+// intra_op_threads is 0.
 void configure_threads(const ThreadOptions& options);
 
-// "torch=2 blas=2 omp_wait_policy=PASSIVE" — for logs and bench headers.
+// "cpus=2 (affinity 2, no quota) omp=2 blas=2 omp_wait_policy=PASSIVE" for
+// logs and bench headers; omp is the calling thread's team size.
 const char* thread_summary();
 
 }  // namespace troupe::model

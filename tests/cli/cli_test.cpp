@@ -232,6 +232,62 @@ TEST(Cli, BatchRunsGoodLinesAndReportsBadOnesInOrder) {
   EXPECT_EQ(out[6]["ids"], out[0]["ids"]) << "greedy: the same prompt gives the same tokens";
 }
 
+// Numbers out of their field's range fail their own line, naming the field and
+// the value: never narrowed into range (2^32 + 1 max_tokens is not 1 token).
+TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
+  struct Case {
+    const char* id;
+    const char* fields;  // JSON members after the prompt
+    const char* field;   // the name the error must quote
+    const char* value;   // and (part of) the value it must show
+  } cases[] = {
+      {"top_k-2^40", R"("top_k": 1099511627776)", "top_k", "1099511627776"},
+      {"top_k-neg", R"("top_k": -1)", "top_k", "-1"},
+      {"top_k-float", R"("top_k": 2.5)", "top_k", "2.5"},
+      {"priority--2^40", R"("priority": -1099511627776)", "priority", "-1099511627776"},
+      {"priority-2^31", R"("priority": 2147483648)", "priority", "2147483648"},
+      {"seed--1", R"("seed": -1)", "seed", "-1"},
+      {"seed-2^70", R"("seed": 1180591620717411303424)", "seed", "1.1805916207174113e+21"},
+      {"logprobs-1e10", R"("logprobs": 10000000000)", "logprobs", "10000000000"},
+      {"logprobs-21", R"("logprobs": 21)", "logprobs", "21"},
+      {"max_tokens-2^32+1", R"("max_tokens": 4294967297)", "max_tokens", "4294967297"},
+      {"max_tokens-0", R"("max_tokens": 0)", "max_tokens", "0"},
+      {"max_tokens-string", R"("max_tokens": "3")", "max_tokens", "\"3\""},
+      {"temperature-1e39", R"("temperature": 1e39)", "temperature", "e+38"},
+      {"temperature-neg", R"("temperature": -0.5)", "temperature", "-0.5"},
+      {"top_p-1.5", R"("top_p": 1.5)", "top_p", "1.5"},
+      {"top_p-string", R"("top_p": "0.9")", "top_p", "\"0.9\""},
+  };
+  TempDir dir;
+  {
+    std::ofstream in(dir.file("jobs.jsonl"));
+    for (const auto& c : cases)
+      in << R"({"id": ")" << c.id << R"(", "prompt": "Hello", "max_tokens": 2, )" << c.fields << "}\n";
+    // Every field at the edge of its range is accepted.
+    in << R"({"id": "edges", "prompt_ids": [464], "max_tokens": 2, "top_k": 2147483647, "priority": -2147483648, )"
+       << R"("seed": 18446744073709551615, "logprobs": 20, "temperature": 3.4e38, "top_p": 1, "ignore_eos": true})"
+       << "\n";
+  }
+  auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
+                            " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 16 --quiet"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), std::size(cases) + 1);
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const Case& c = cases[i];
+    EXPECT_EQ(out[i]["id"], c.id);
+    ASSERT_TRUE(out[i].contains("error")) << out[i];
+    const std::string e = out[i]["error"];
+    EXPECT_NE(e.find(std::string("\"") + c.field + "\""), std::string::npos) << c.id << ": " << e;
+    EXPECT_NE(e.find("got "), std::string::npos) << c.id << ": " << e;
+    EXPECT_NE(e.find(c.value, e.find("got ")), std::string::npos) << c.id << ": " << e;
+  }
+  EXPECT_EQ(out.back()["id"], "edges");
+  EXPECT_FALSE(out.back().contains("error")) << out.back();
+  EXPECT_EQ(out.back()["ids"].size(), 2u);
+  EXPECT_EQ(out.back()["logprobs"][0]["top"].size(), 20u);
+}
+
 TEST(Cli, BatchRejectsMissingInput) {
   TempDir dir;
   auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("none.jsonl")) +
