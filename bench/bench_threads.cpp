@@ -109,8 +109,8 @@ struct WorkerRun {
   model::PagedKvCache cache;
   actors::Engine engine;
 
-  static actors::SchedulerOptions options(const model::Gpt2Config& cfg, const Workload& wl, int count) {
-    actors::SchedulerOptions so;
+  static core::SchedulerOptions options(const model::Gpt2Config& cfg, const Workload& wl, int count) {
+    core::SchedulerOptions so;
     so.block_size = 16;
     so.num_blocks = count * ((wl.prompt + wl.new_tokens + 15) / 16 + 1) + 1;
     so.max_model_len = cfg.n_positions;
@@ -122,11 +122,11 @@ struct WorkerRun {
   WorkerRun(const model::Gpt2& gpt, const Workload& wl, int first, int count)
       : WorkerRun(gpt, wl, first, count, options(gpt.config(), wl, count)) {}
   WorkerRun(const model::Gpt2& gpt, const Workload& wl, int first, int count,
-            const actors::SchedulerOptions& so)
+            const core::SchedulerOptions& so)
       : cache(gpt.config(), so.num_blocks, so.block_size, gpt.device()),
         engine(gpt, cache, nullptr, so, model::PagedAttention::kAuto) {
     for (int i = first; i < first + count; ++i) {
-      actors::Request r;
+      core::Request r;
       r.id = i;
       r.prompt_ids = distinct_prompt(i, wl.prompt);
       r.max_tokens = wl.new_tokens;

@@ -18,6 +18,7 @@
 
 #include "actors/engine.hpp"
 #include "cli/command.hpp"
+#include "cli/scheduler_flags.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/paged_kv_cache.hpp"
@@ -30,10 +31,9 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct BatchFlags {
-  std::string model, input, output, kv_memory = "2GiB", device = "cpu";
-  int32_t max_num_seqs = 256, max_batched_tokens = 2048, block_size = 16, num_blocks = 0;
-  uint64_t seed = 0;
-  bool no_prefix_caching = false, quiet = false;
+  std::string model, input, output, device = "cpu";
+  SchedulerFlags sched;
+  bool quiet = false;
 };
 
 // One input line, turned into a request (or the reason it cannot be one).
@@ -169,21 +169,7 @@ int run_batch(const BatchFlags& f) {
 
   auto dir = model::load_model_dir(f.model);
   const auto& cfg = dir.config;
-  core::SchedulerOptions so;
-  so.block_size = f.block_size;
-  so.num_blocks = f.num_blocks;
-  if (so.num_blocks == 0) {
-    int64_t blocks = model::PagedKvCache::blocks_for_memory(cfg, actors::parse_memory_size(f.kv_memory), f.block_size);
-    if (blocks < 1) throw std::invalid_argument("--kv-memory " + f.kv_memory + " holds not even one KV block");
-    so.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
-  }
-  so.max_num_seqs = f.max_num_seqs;
-  so.max_num_batched_tokens = f.max_batched_tokens;
-  so.max_model_len = cfg.n_positions;
-  so.vocab_size = cfg.vocab_size;
-  so.eos_id = cfg.eos_token_id;
-  so.enable_prefix_caching = !f.no_prefix_caching;
-  so.seed = f.seed;
+  const core::SchedulerOptions so = scheduler_options(f.sched, cfg);
   model::Gpt2 gpt(cfg, dir.weights, device);
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
@@ -286,15 +272,7 @@ void add_batch_command(CLI::App& app, Registry& registry) {
                   "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"priority\"}")
       ->required();
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
-  sub->add_option("--max-num-seqs", f->max_num_seqs, "Running sequences per step at most")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--max-batched-tokens", f->max_batched_tokens, "Tokens per step at most (decodes + prompt chunks)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--block-size", f->block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
-  sub->add_option("--kv-memory", f->kv_memory, "KV cache memory, e.g. 2GiB, 512MiB");
-  sub->add_option("--num-blocks", f->num_blocks, "KV blocks (overrides --kv-memory)")->check(CLI::PositiveNumber);
-  sub->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
-  sub->add_option("--seed", f->seed, "Base seed for jobs that give none");
+  add_scheduler_flags(*sub, f->sched);
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   sub->add_flag("--quiet", f->quiet, "No progress bar");
   registry.push_back({sub, [f] { return run_batch(*f); }});

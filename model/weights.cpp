@@ -8,9 +8,9 @@
 #include <stdexcept>
 
 #include <ATen/Parallel.h>
+#include <xxhash.h>
 
 #include "model/safetensors.hpp"
-
 
 namespace troupe::model {
 namespace {
@@ -193,6 +193,24 @@ std::vector<std::pair<std::string, torch::Tensor>> Gpt2Weights::named() const {
   out.emplace_back("ln_f.weight", ln_f_weight);
   out.emplace_back("ln_f.bias", ln_f_bias);
   return out;
+}
+
+uint64_t fingerprint(const Gpt2Config& config, const Gpt2Weights& weights) {
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  const int64_t shape[] = {config.n_layer, config.n_head,        config.n_embd,
+                           config.n_positions, config.vocab_size, config.eos_token_id};
+  XXH3_64bits_update(state, shape, sizeof shape);
+  XXH3_64bits_update(state, &config.layer_norm_epsilon, sizeof config.layer_norm_epsilon);
+  for (const auto& [name, tensor] : weights.named()) {
+    XXH3_64bits_update(state, name.data(), name.size());
+    const torch::Tensor t = tensor.to(torch::kCPU, torch::kFloat32).contiguous();
+    XXH3_64bits_update(state, t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+  }
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
 }
 
 }  // namespace troupe::model

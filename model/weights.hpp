@@ -41,4 +41,9 @@ struct Gpt2Weights {
   std::vector<std::pair<std::string, torch::Tensor>> named() const;
 };
 
+// A 64-bit name of a model: XXH3 over the config's shape and every weight's
+// name and fp32 bytes. Workers report it when they join; the head refuses a
+// worker whose model differs from the others'. Reads every weight once.
+uint64_t fingerprint(const Gpt2Config& config, const Gpt2Weights& weights);
+
 }  // namespace troupe::model

@@ -107,6 +107,19 @@ TEST(Weights, RandomIsDeterministicPerSeed) {
   expect_same(a, one_thread);
 }
 
+TEST(Weights, FingerprintNamesTheModel) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  const Gpt2Weights a = Gpt2Weights::random(cfg, 1), b = Gpt2Weights::random(cfg, 1), c = Gpt2Weights::random(cfg, 2);
+  EXPECT_EQ(fingerprint(cfg, a), fingerprint(cfg, b)) << "equal weights, equal name";
+  EXPECT_NE(fingerprint(cfg, a), fingerprint(cfg, c));
+  Gpt2Weights d = Gpt2Weights::random(cfg, 1);
+  d.layers.back().mlp_c_proj_bias[3] += 1e-6f;  // one float in the last layer
+  EXPECT_NE(fingerprint(cfg, a), fingerprint(cfg, d));
+  Gpt2Config eps = cfg;
+  eps.layer_norm_epsilon = 1e-6;
+  EXPECT_NE(fingerprint(cfg, a), fingerprint(eps, a));
+}
+
 TEST(Weights, RandomRejectsImpossibleConfig) {
   Gpt2Config c = small_config();
   c.n_head = 3;

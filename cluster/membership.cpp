@@ -1,0 +1,133 @@
+#include "cluster/membership.hpp"
+
+#include <stdexcept>
+
+namespace troupe::cluster {
+
+Membership::Membership(const MembershipOptions& options, uint64_t first_worker_id)
+    : options_(options), next_worker_id_(first_worker_id) {
+  if (first_worker_id == 0) throw std::invalid_argument("Membership: worker id 0 is reserved");
+  transport::Liveness check(options.liveness, transport::Clock::now());  // validates the options
+  (void)check;
+}
+
+std::variant<Membership::Joined, transport::Refused> Membership::on_register(const std::string& peer,
+                                                                             const transport::Register& reg,
+                                                                             transport::Clock::time_point now) {
+  auto refuse = [](std::string why) { return transport::Refused{std::move(why)}; };
+  if (reg.workers.empty()) return refuse("a node must bring at least one worker");
+  if (reg.workers.size() > options_.max_workers_per_node) {
+    return refuse("a node may bring at most " + std::to_string(options_.max_workers_per_node) + " workers");
+  }
+  std::map<uint32_t, bool> seen;
+  for (const auto& w : reg.workers) {
+    const std::string who = "worker " + std::to_string(w.index) + " of node '" + reg.node + "': ";
+    if (!seen.emplace(w.index, true).second) return refuse(who + "index given twice");
+    if (options_.fingerprint != 0 && w.fingerprint != options_.fingerprint) {
+      return refuse(who + "serves another model (fingerprint " + std::to_string(w.fingerprint) +
+                    ", the head's is " + std::to_string(options_.fingerprint) + ")");
+    }
+    if (options_.vocab_size != 0 && w.vocab_size != options_.vocab_size) {
+      return refuse(who + "has a vocabulary of " + std::to_string(w.vocab_size) + ", the head's model " +
+                    std::to_string(options_.vocab_size));
+    }
+    if (w.num_blocks < 1 || w.block_size < 1 || w.max_model_len < 2) {
+      return refuse(who + "reports an unusable KV pool or model length");
+    }
+  }
+  Joined joined;
+  if (auto it = nodes_.find(peer); it != nodes_.end()) {
+    for (const auto& [index, id] : it->second.workers) {
+      joined.replaced.push_back(id);
+      where_.erase(id);
+    }
+    nodes_.erase(it);
+  }
+  Node node{reg.node, {}, transport::Liveness(options_.liveness, now), false};
+  for (const auto& w : reg.workers) {
+    const uint64_t id = next_worker_id_++;
+    node.workers[w.index] = id;
+    where_[id] = {peer, w.index};
+    joined.workers.push_back({id, reg.node, w});
+    joined.reply.workers.push_back({w.index, static_cast<uint32_t>(id)});
+  }
+  joined.reply.heartbeat_ms = static_cast<int32_t>(options_.liveness.heartbeat_interval.count());
+  joined.reply.liveness = options_.liveness.liveness;
+  nodes_.emplace(peer, std::move(node));
+  return joined;
+}
+
+bool Membership::on_message(const std::string& peer, transport::Clock::time_point now) {
+  auto it = nodes_.find(peer);
+  if (it == nodes_.end()) return false;
+  it->second.liveness.on_message(now);
+  return true;
+}
+
+void Membership::on_sent(const std::string& peer, transport::Clock::time_point now) {
+  if (auto it = nodes_.find(peer); it != nodes_.end()) it->second.liveness.on_sent(now);
+}
+
+std::vector<uint64_t> Membership::take_lost(transport::Clock::time_point now) {
+  std::vector<uint64_t> lost;
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    if (!it->second.liveness.lost(now)) {
+      ++it;
+      continue;
+    }
+    for (const auto& [index, id] : it->second.workers) {
+      lost.push_back(id);
+      where_.erase(id);
+    }
+    it = nodes_.erase(it);
+  }
+  return lost;
+}
+
+std::vector<std::string> Membership::heartbeats_due(transport::Clock::time_point now) {
+  std::vector<std::string> due;
+  for (auto& [peer, node] : nodes_) {
+    if (!node.liveness.due_heartbeat(now)) continue;
+    node.liveness.on_sent(now);
+    due.push_back(peer);
+  }
+  return due;
+}
+
+std::vector<uint64_t> Membership::drain(const std::string& peer) {
+  std::vector<uint64_t> ids;
+  auto it = nodes_.find(peer);
+  if (it == nodes_.end()) return ids;
+  it->second.draining = true;
+  for (const auto& [index, id] : it->second.workers) ids.push_back(id);
+  return ids;
+}
+
+std::optional<std::string> Membership::forget_worker(uint64_t worker_id) {
+  auto w = where_.find(worker_id);
+  if (w == where_.end()) return std::nullopt;
+  const auto [peer, index] = w->second;
+  where_.erase(w);
+  auto it = nodes_.find(peer);
+  if (it == nodes_.end()) return std::nullopt;
+  it->second.workers.erase(index);
+  if (!it->second.workers.empty()) return std::nullopt;
+  nodes_.erase(it);
+  return peer;
+}
+
+std::optional<std::pair<std::string, uint32_t>> Membership::address(uint64_t worker_id) const {
+  auto it = where_.find(worker_id);
+  if (it == where_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<uint64_t> Membership::worker_id(const std::string& peer, uint32_t index) const {
+  auto it = nodes_.find(peer);
+  if (it == nodes_.end()) return std::nullopt;
+  auto w = it->second.workers.find(index);
+  if (w == it->second.workers.end()) return std::nullopt;
+  return w->second;
+}
+
+}  // namespace troupe::cluster

@@ -1,0 +1,94 @@
+#pragma once
+// Membership: the head's record of worker nodes (processes, possibly on other
+// hosts) and their workers. Decisions only, no sockets or threads: the
+// head's gateway actor feeds it what arrives and the time, and sends what it
+// returns.
+//
+// A node's life:
+//
+//   register ──(fingerprint and shape agree)──▶ MEMBER ──drain──▶ DRAINING ──all drained──▶ shutdown sent, GONE
+//      │                                          │  ▲ any message = a beat                       ▲
+//      └──(disagree)──▶ refused                   └──┴──── silent for `liveness` intervals ───────┴─▶ LOST
+//
+// Worker ids are cluster-wide and never reused (a node that comes back after
+// being lost registers anew and gets new ids), so a late result from a lost
+// worker can never be taken for a new one's.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "transport/liveness.hpp"
+#include "transport/protocol.hpp"
+
+namespace troupe::cluster {
+
+struct MembershipOptions {
+  transport::LivenessOptions liveness;  // heartbeat interval and liveness, told to every node
+  uint64_t fingerprint = 0;             // the head's model; a node with another is refused
+  int32_t vocab_size = 0;               // the head's model (a cheap second check)
+  uint32_t max_workers_per_node = 64;   // more in one register is refused
+};
+
+// A worker a node brought: its cluster id and what it reported.
+struct JoinedWorker {
+  uint64_t worker_id = 0;
+  std::string node;  // the node's name
+  transport::WorkerInfo info;
+};
+
+class Membership {
+ public:
+  // `first_worker_id`: ids given out start here (local workers take the ones before).
+  Membership(const MembershipOptions& options, uint64_t first_worker_id);
+
+  // A node (`peer` = its socket identity) registers. Returns the workers to
+  // add to the batcher and the reply to send, or the reason to refuse it.
+  // A peer that registers again replaces its old record: `replaced` lists
+  // the old workers' ids (the batcher must drop them).
+  struct Joined {
+    std::vector<JoinedWorker> workers;
+    transport::Registered reply;
+    std::vector<uint64_t> replaced;
+  };
+  std::variant<Joined, transport::Refused> on_register(const std::string& peer, const transport::Register& reg,
+                                                       transport::Clock::time_point now);
+  // Anything from `peer` counts as a beat. False for a peer that is not a member.
+  bool on_message(const std::string& peer, transport::Clock::time_point now);
+  // A frame went to `peer`: its next heartbeat can wait.
+  void on_sent(const std::string& peer, transport::Clock::time_point now);
+
+  // Members silent for too long, forgotten now: their workers' ids.
+  std::vector<uint64_t> take_lost(transport::Clock::time_point now);
+  // Members owed a heartbeat now (counted as sent).
+  std::vector<std::string> heartbeats_due(transport::Clock::time_point now);
+
+  // The node asked to leave: its workers, to drain.
+  std::vector<uint64_t> drain(const std::string& peer);
+  // The batcher let go of a worker (drained, or broken): forget it. When it
+  // was its node's last, the node is forgotten too and its peer returned
+  // (send it `shutdown`).
+  std::optional<std::string> forget_worker(uint64_t worker_id);
+
+  // Where a worker lives: (peer, index on its node).
+  std::optional<std::pair<std::string, uint32_t>> address(uint64_t worker_id) const;
+  // The cluster id of a node's worker.
+  std::optional<uint64_t> worker_id(const std::string& peer, uint32_t index) const;
+  size_t num_nodes() const { return nodes_.size(); }
+
+ private:
+  struct Node {
+    std::string name;
+    std::map<uint32_t, uint64_t> workers;  // index -> worker id
+    transport::Liveness liveness;
+    bool draining = false;
+  };
+  MembershipOptions options_;
+  uint64_t next_worker_id_;
+  std::map<std::string, Node> nodes_;                                // by peer
+  std::map<uint64_t, std::pair<std::string, uint32_t>> where_;      // worker id -> (peer, index)
+};
+
+}  // namespace troupe::cluster
