@@ -18,8 +18,10 @@
 // - linger = 0; polls wait at most until the next tick, never forever.
 // - stop(): ctx.shutdown() (every zmq call on the loop thread returns ETERM)
 //   -> join the thread (it closes its sockets) -> ctx.close().
-// - Handlers run on the loop thread and must not block (anon_send is fine);
-//   an exception from a handler is logged and the loop goes on.
+// - Handlers run on the loop thread and must not block (anon_send is fine)
+//   nor call stop(); an exception from a handler is logged and the loop
+//   goes on. Frames still queued when the loop stops are dropped (linger 0):
+//   a protocol that needs a last word waits for its answer before stopping.
 //
 // Server sockets are ROUTERs that bind (peers are told apart by the identity
 // frame ZeroMQ adds); client sockets are DEALERs that connect and reconnect
