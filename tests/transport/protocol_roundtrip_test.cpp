@@ -1,0 +1,185 @@
+// Every message type survives encode -> decode unchanged; frames written by
+// another encoder (other key order, unknown keys, float64s, integers for
+// floats, longer records) are read too.
+#include <gtest/gtest.h>
+
+#include <msgpack.hpp>
+
+#include "frame_edit.hpp"
+#include "sample_messages.hpp"
+#include "transport/protocol.hpp"
+
+namespace troupe::transport {
+namespace {
+
+Message decode_ok(const std::string& bytes) {
+  Decoded d = decode(bytes);
+  EXPECT_TRUE(d.ok()) << to_string(d.error.code) << ": " << d.error.message;
+  if (!d.ok()) return Error{};
+  return *d.message;
+}
+
+TEST(ProtocolRoundTrip, EveryMessageTypeReencodesToTheSameBytes) {
+  std::set<std::string> seen;
+  for (const Message& m : test::sample_messages()) {
+    const std::string bytes = encode(m);
+    Decoded d = decode(bytes);
+    ASSERT_TRUE(d.ok()) << type_name(m) << ": " << d.error.message;
+    EXPECT_EQ(d.message->index(), m.index());
+    EXPECT_STREQ(type_name(*d.message), type_name(m));
+    // Every field of the samples differs from its default, so a field lost
+    // on either side changes the bytes.
+    EXPECT_EQ(encode(*d.message), bytes) << type_name(m);
+    seen.insert(type_name(m));
+  }
+  EXPECT_EQ(seen.size(), std::variant_size_v<Message>) << "a message type has no sample";
+}
+
+TEST(ProtocolRoundTrip, SubmitFieldsAndPromptForms) {
+  auto all = test::sample_messages();
+  auto text = std::get<Submit>(decode_ok(encode(all[0])));
+  EXPECT_EQ(text.tag, 42u);
+  ASSERT_TRUE(text.prompt.has_value());
+  EXPECT_EQ(*text.prompt, "Hello, \xe4\xb8\x96\xe7\x95\x8c");
+  EXPECT_FALSE(text.prompt_ids.has_value());
+  EXPECT_EQ(text.max_tokens, 33);
+  EXPECT_FLOAT_EQ(text.temperature, 0.5f);
+  EXPECT_EQ(text.top_k, 7);
+  EXPECT_FLOAT_EQ(text.top_p, 0.75f);
+  EXPECT_EQ(text.seed, std::optional<uint64_t>(1ull << 63));
+  EXPECT_EQ(text.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(text.logprobs, 3);
+  EXPECT_TRUE(text.ignore_eos);
+  EXPECT_EQ(text.priority, -2);
+
+  auto ids = std::get<Submit>(decode_ok(encode(all[1])));
+  EXPECT_FALSE(ids.prompt.has_value());
+  EXPECT_EQ(ids.prompt_ids, (std::optional<std::vector<int32_t>>{{1, 2, 50000}}));
+  EXPECT_FALSE(ids.seed.has_value());
+}
+
+TEST(ProtocolRoundTrip, PlanAndResultFields) {
+  auto plan = std::get<Plan>(decode_ok(encode(Plan{3, test::sample_plan()})));
+  EXPECT_EQ(plan.worker, 3u);
+  const core::StepPlan& p = plan.plan;
+  EXPECT_EQ(p.step_id, 77u);
+  EXPECT_EQ(p.drop, (std::vector<uint64_t>{3, 1ull << 40}));
+  ASSERT_EQ(p.new_seqs.size(), 1u);
+  EXPECT_EQ(p.new_seqs[0].tokens, (std::vector<int32_t>{50256, 0, 318, 1000000}));
+  EXPECT_EQ(p.new_seqs[0].num_cached, 2);
+  EXPECT_EQ(p.new_seqs[0].block_table, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(p.new_seqs[0].sampling.seed, 0xdeadbeefcafeull);
+  EXPECT_EQ(p.new_seqs[0].sampling.top_k, 40);
+  EXPECT_EQ(p.new_seqs[0].sampling.logprobs, 5);
+  ASSERT_EQ(p.work.size(), 2u);
+  EXPECT_EQ(p.work[1].seq_id, 12u);
+  EXPECT_EQ(p.work[1].start_pos, 1023);
+  EXPECT_EQ(p.work[1].new_blocks, (std::vector<int32_t>{6}));
+  EXPECT_TRUE(p.work[0].sample);
+  EXPECT_FALSE(p.work[1].sample);
+
+  auto res = std::get<Result>(decode_ok(encode(Result{2, test::sample_result()})));
+  const core::StepResult& r = res.result;
+  ASSERT_EQ(r.outputs.size(), 3u);
+  EXPECT_EQ(r.outputs[0].token.id, 318);
+  EXPECT_TRUE(r.outputs[0].token.top.empty());
+  EXPECT_FLOAT_EQ(r.outputs[1].token.logprob, -0.25f);
+  ASSERT_EQ(r.outputs[1].token.top.size(), 2u);
+  EXPECT_EQ(r.outputs[1].token.top[1].first, 13);
+  EXPECT_TRUE(std::isinf(r.outputs[2].token.logprob) && r.outputs[2].token.logprob < 0);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].error, "unknown sequence");
+  EXPECT_TRUE(r.failures[0].retryable);
+  EXPECT_DOUBLE_EQ(r.forward_ms, 3.25);
+  EXPECT_DOUBLE_EQ(r.idle_ms, 0.125);
+}
+
+TEST(ProtocolRoundTrip, TokenLogprobsCarryTheirIds) {
+  auto all = test::sample_messages();
+  auto t = std::get<Tokens>(decode_ok(encode(all[4])));
+  ASSERT_EQ(t.logprobs.size(), 2u);
+  EXPECT_EQ(t.logprobs[0].id, 995);
+  EXPECT_EQ(t.logprobs[1].id, 13);
+  EXPECT_EQ(t.logprobs[0].top[1], (std::pair<int32_t, float>{1, -3.0f}));
+}
+
+// A frame as another encoder (say Python's msgpack) might write it: "t" last,
+// unknown keys of every kind, float64, an integer temperature, nil seed.
+TEST(ProtocolRoundTrip, ReadsOtherKeyOrdersUnknownKeysAndNumberForms) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(10);
+  pk.pack(std::string("future_field"));
+  pk.pack_map(1);
+  pk.pack(std::string("nested"));
+  pk.pack(std::vector<int>{1, 2, 3});
+  pk.pack(std::string("v"));
+  pk.pack(1);
+  pk.pack(std::string("prompt_ids"));
+  pk.pack(std::vector<int64_t>{5, 6});
+  pk.pack(std::string("temperature"));
+  pk.pack(0);  // an integer where a float goes
+  pk.pack(std::string("top_p"));
+  pk.pack_double(0.5);
+  pk.pack(std::string("seed"));
+  pk.pack_nil();  // nil: absent
+  pk.pack(std::string("tag"));
+  pk.pack(uint64_t{7});
+  pk.pack(std::string("blob"));
+  pk.pack_bin(3);
+  pk.pack_bin_body("\x00\x01\x02", 3);
+  pk.pack(std::string("p"));
+  pk.pack(std::string("troupe"));
+  pk.pack(std::string("t"));
+  pk.pack(std::string("submit"));
+  auto s = std::get<Submit>(decode_ok(std::string(buf.data(), buf.size())));
+  EXPECT_EQ(s.tag, 7u);
+  EXPECT_EQ(s.prompt_ids, (std::optional<std::vector<int32_t>>{{5, 6}}));
+  EXPECT_EQ(s.temperature, 0.0f);
+  EXPECT_EQ(s.top_p, 0.5f);
+  EXPECT_FALSE(s.seed.has_value());
+  EXPECT_EQ(s.max_tokens, 16) << "absent keys keep their defaults";
+}
+
+// Records (msgpack arrays) from a newer peer may be longer: the extra
+// elements are skipped.
+TEST(ProtocolRoundTrip, LongerRecordsFromANewerPeerAreRead) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  test::pack_header(pk, "plan", 2);
+  pk.pack(std::string("worker"));
+  pk.pack(0);
+  pk.pack(std::string("plan"));
+  pk.pack_array(5);  // [step_id, drop, new_seqs, work, <future>]
+  pk.pack(5);
+  pk.pack_array(0);
+  pk.pack_array(0);
+  pk.pack_array(1);
+  pk.pack_array(6);  // work item with a sixth element
+  pk.pack(8);
+  pk.pack(100);
+  pk.pack(1);
+  pk.pack_array(0);
+  pk.pack(true);
+  pk.pack(std::string("future"));
+  pk.pack(std::map<std::string, int>{{"x", 1}});
+  auto p = std::get<Plan>(decode_ok(std::string(buf.data(), buf.size())));
+  ASSERT_EQ(p.plan.work.size(), 1u);
+  EXPECT_EQ(p.plan.work[0].seq_id, 8u);
+  EXPECT_EQ(p.plan.work[0].start_pos, 100);
+  EXPECT_TRUE(p.plan.work[0].sample);
+}
+
+TEST(ProtocolRoundTrip, ErrorReplyCarriesCodeMessageAndTag) {
+  Decoded d = decode(encode(Submit{}).substr(0, 5));
+  ASSERT_FALSE(d.ok());
+  Error e = error_reply(d.error);
+  EXPECT_EQ(e.code, d.error.code);
+  EXPECT_EQ(e.message, d.error.message);
+  auto back = std::get<Error>(decode_ok(encode(e)));
+  EXPECT_EQ(back.code, ErrorCode::kMalformed);
+  EXPECT_EQ(back.message, d.error.message);
+}
+
+}  // namespace
+}  // namespace troupe::transport

@@ -1,0 +1,113 @@
+#pragma once
+// One message of every type with no field left at its default, so a field
+// that encode() writes and decode() drops (or the reverse) changes the bytes.
+// Shared by the round-trip tests, the mutation smoke test and the fuzzer seeds.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "transport/protocol.hpp"
+
+namespace troupe::transport::test {
+
+inline core::StepPlan sample_plan() {
+  core::StepPlan p;
+  p.step_id = 77;
+  p.drop = {3, 1ull << 40};
+  core::NewSequence ns;
+  ns.seq_id = 9;
+  ns.tokens = {50256, 0, 318, 1000000};
+  ns.num_cached = 2;
+  ns.block_table = {4, 5};
+  ns.sampling = {0.7f, 40, 0.9f, 0xdeadbeefcafeull, 5};
+  p.new_seqs.push_back(ns);
+  p.work.push_back({9, 2, 2, {}, true});
+  p.work.push_back({12, 1023, 1, {6}, false});
+  return p;
+}
+
+inline core::StepResult sample_result() {
+  core::StepResult r;
+  r.step_id = 77;
+  r.outputs.push_back({9, {318, 0.0f, {}}});
+  r.outputs.push_back({12, {11, -0.25f, {{11, -0.25f}, {13, -2.5f}}}});
+  r.outputs.push_back({14, {12, -std::numeric_limits<float>::infinity(), {}}});
+  r.failures.push_back({15, "unknown sequence", true});
+  r.error = "";
+  r.forward_ms = 3.25;
+  r.idle_ms = 0.125;
+  return r;
+}
+
+inline std::vector<Message> sample_messages() {
+  std::vector<Message> all;
+  Submit s;
+  s.tag = 42;
+  s.prompt = "Hello, \xe4\xb8\x96\xe7\x95\x8c";
+  s.max_tokens = 33;
+  s.temperature = 0.5f;
+  s.top_k = 7;
+  s.top_p = 0.75f;
+  s.seed = 1ull << 63;
+  s.stop = {"\n\n", "END"};
+  s.logprobs = 3;
+  s.ignore_eos = true;
+  s.priority = -2;
+  all.push_back(s);
+  Submit ids = s;
+  ids.prompt.reset();
+  ids.prompt_ids = std::vector<int32_t>{1, 2, 50000};
+  ids.seed.reset();
+  all.push_back(ids);
+  all.push_back(Accepted{42, 1001});
+  all.push_back(Rejected{43, RejectCode::kTooLong, "prompt of 2000 tokens is over max_model_len 1024"});
+  Tokens t;
+  t.tag = 42;
+  t.text = " world";
+  t.ids = {995, 13};
+  t.logprobs = {{995, -0.5f, {{995, -0.5f}, {1, -3.0f}}}, {13, -1.5f, {}}};
+  all.push_back(t);
+  all.push_back(Tokens{44, "x", {87}, {}});
+  Finished f;
+  f.tag = 42;
+  f.finish_reason = core::FinishReason::kError;
+  f.text = "!";
+  f.error = "worker lost";
+  f.usage = {5, 6, 16};
+  f.timings = {1.5, 20.25, 300.0};
+  all.push_back(f);
+  all.push_back(Cancel{42});
+  all.push_back(Status{});
+  StatusReply sr;
+  sr.workers.push_back({1, "node-a", "cpu", "ready", 10, 100, 3, 1, 250.5});
+  sr.workers.push_back({2, "node-b", "cuda:1", "draining", 0, 4096, 0, 0, 0.5});
+  sr.queue_depth = 4;
+  sr.max_queue = 64;
+  sr.requests_served = 1234;
+  sr.requests_running = 5;
+  sr.requests_rejected = 6;
+  sr.uptime_s = 3600.5;
+  all.push_back(sr);
+  Register reg;
+  reg.node = "host-1:pid-99";
+  reg.workers.push_back({0, "cpu", 2048, 16, 1024, 50257, 4, 0x0123456789abcdefull});
+  reg.workers.push_back({1, "cuda:0", 100000, 32, 2048, 50257, 0, 7});
+  all.push_back(reg);
+  all.push_back(Registered{{{0, 10}, {1, 11}}, 500, 4});
+  all.push_back(Refused{"model fingerprint differs"});
+  all.push_back(Plan{1, sample_plan()});
+  all.push_back(Result{1, sample_result()});
+  core::StepResult failed;
+  failed.step_id = 78;
+  failed.error = "CUDA out of memory";
+  failed.forward_ms = 1;
+  all.push_back(Result{0, failed});
+  all.push_back(Heartbeat{});
+  all.push_back(Drain{});
+  all.push_back(Shutdown{});
+  all.push_back(Error{ErrorCode::kBadField, "submit.top_p: expected a number", 42});
+  all.push_back(Error{ErrorCode::kUnexpected, "plan is not taken here", std::nullopt});
+  return all;
+}
+
+}  // namespace troupe::transport::test

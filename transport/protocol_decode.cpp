@@ -1,0 +1,350 @@
+// decode(): one frame body into a Message, or the reason it is not one.
+//
+// Two passes over the top-level map: the first records each key's value
+// offset (skipping, which bounds every length and the nesting depth), the
+// second reads the fields a type needs in whatever order they came. Failures
+// inside are thrown as Failure (or MsgpackError for structure) and caught in
+// decode(); a failure gains its key path ("work[3].new_blocks[0]") on the way
+// out.
+#include "transport/field_reader.hpp"
+#include "transport/message_types.hpp"
+#include "transport/protocol.hpp"
+
+namespace troupe::transport {
+namespace {
+
+using namespace detail;
+
+// [[id, logprob], ...]
+std::vector<std::pair<int32_t, float>> get_top(R& r) {
+  return get_list<std::pair<int32_t, float>>(r, [](R& e) {
+    const uint32_t n = get_tuple(e, 2, "[id, logprob]");
+    const auto id = in("id", [&] { return get_int<int32_t>(e); });
+    const auto lp = in("logprob", [&] { return get_logprob(e); });
+    skip_rest(e, n, 2);
+    return std::make_pair(id, lp);
+  });
+}
+
+core::SamplingParams get_sampling(R& r) {
+  const uint32_t n = get_tuple(r, 5, "[temperature, top_k, top_p, seed, logprobs]");
+  core::SamplingParams s;
+  s.temperature = in("temperature", [&] { return get_float(r); });
+  s.top_k = in("top_k", [&] { return get_int<int32_t>(r); });
+  s.top_p = in("top_p", [&] { return get_float(r); });
+  s.seed = in("seed", [&] { return get_u64(r); });
+  s.logprobs = in("logprobs", [&] { return get_int<int32_t>(r); });
+  skip_rest(r, n, 5);
+  return s;
+}
+
+core::StepPlan get_plan(R& r) {
+  const uint32_t n = get_tuple(r, 4, "[step_id, drop, new_seqs, work]");
+  core::StepPlan p;
+  p.step_id = in("step_id", [&] { return get_u64(r); });
+  p.drop = in("drop", [&] { return get_list<uint64_t>(r, get_u64); });
+  p.new_seqs = in("new_seqs", [&] {
+    return get_list<core::NewSequence>(r, [](R& e) {
+      const uint32_t m = get_tuple(e, 5, "[seq_id, tokens, num_cached, block_table, sampling]");
+      core::NewSequence ns;
+      ns.seq_id = in("seq_id", [&] { return get_u64(e); });
+      ns.tokens = in("tokens", [&] { return get_ints(e); });
+      ns.num_cached = in("num_cached", [&] { return get_int<int32_t>(e); });
+      ns.block_table = in("block_table", [&] { return get_ints(e); });
+      ns.sampling = in("sampling", [&] { return get_sampling(e); });
+      skip_rest(e, m, 5);
+      return ns;
+    });
+  });
+  p.work = in("work", [&] {
+    return get_list<core::SeqWork>(r, [](R& e) {
+      const uint32_t m = get_tuple(e, 5, "[seq_id, start_pos, num_tokens, new_blocks, sample]");
+      core::SeqWork w;
+      w.seq_id = in("seq_id", [&] { return get_u64(e); });
+      w.start_pos = in("start_pos", [&] { return get_int<int32_t>(e); });
+      w.num_tokens = in("num_tokens", [&] { return get_int<int32_t>(e); });
+      w.new_blocks = in("new_blocks", [&] { return get_ints(e); });
+      w.sample = in("sample", [&] { return get_bool(e); });
+      skip_rest(e, m, 5);
+      return w;
+    });
+  });
+  skip_rest(r, n, 4);
+  return p;
+}
+
+core::StepResult get_result(R& r) {
+  const uint32_t n = get_tuple(r, 6, "[step_id, outputs, failures, error, forward_ms, idle_ms]");
+  core::StepResult res;
+  res.step_id = in("step_id", [&] { return get_u64(r); });
+  res.outputs = in("outputs", [&] {
+    return get_list<core::SeqOutput>(r, [](R& e) {
+      const uint32_t m = get_tuple(e, 2, "[seq_id, id] or [seq_id, id, logprob, top]");
+      if (m == 3) bad("expected [seq_id, id] or [seq_id, id, logprob, top], got 3 elements");
+      core::SeqOutput o;
+      o.seq_id = in("seq_id", [&] { return get_u64(e); });
+      o.token.id = in("id", [&] { return get_int<int32_t>(e); });
+      if (m >= 4) {
+        o.token.logprob = in("logprob", [&] { return get_logprob(e); });
+        o.token.top = in("top", [&] { return get_top(e); });
+      }
+      skip_rest(e, m, m >= 4 ? 4 : 2);
+      return o;
+    });
+  });
+  res.failures = in("failures", [&] {
+    return get_list<core::SeqFailure>(r, [](R& e) {
+      const uint32_t m = get_tuple(e, 3, "[seq_id, error, retryable]");
+      core::SeqFailure f;
+      f.seq_id = in("seq_id", [&] { return get_u64(e); });
+      f.error = in("error", [&] { return get_str(e); });
+      f.retryable = in("retryable", [&] { return get_bool(e); });
+      skip_rest(e, m, 3);
+      return f;
+    });
+  });
+  res.error = in("error", [&] { return get_str(r); });
+  res.forward_ms = in("forward_ms", [&] { return get_double(r); });
+  res.idle_ms = in("idle_ms", [&] { return get_double(r); });
+  skip_rest(r, n, 6);
+  return res;
+}
+
+using core::FinishReason;
+constexpr std::array<FinishReason, 5> kFinishReasons = {FinishReason::kEos, FinishReason::kLength,
+                                                        FinishReason::kStop, FinishReason::kCancelled,
+                                                        FinishReason::kError};
+constexpr std::array<RejectCode, 5> kRejectCodes = {RejectCode::kBusy, RejectCode::kInvalid,
+                                                    RejectCode::kTooLong, RejectCode::kNoWorkers,
+                                                    RejectCode::kShuttingDown};
+constexpr std::array<ErrorCode, 6> kErrorCodes = {ErrorCode::kMalformed,   ErrorCode::kBadVersion,
+                                                  ErrorCode::kUnknownType, ErrorCode::kBadField,
+                                                  ErrorCode::kTooLarge,    ErrorCode::kUnexpected};
+
+Submit get_submit(const Fields& f) {
+  Submit m;
+  m.tag = f.req("tag", get_u64);
+  if (f.has("prompt") == f.has("prompt_ids"))
+    throw Failure{ErrorCode::kBadField, "prompt",
+                  "give exactly one of \"prompt\" (text) or \"prompt_ids\" (token ids)"};
+  f.opt("prompt", m.prompt, get_str);
+  f.opt("prompt_ids", m.prompt_ids, get_ints);
+  f.opt("max_tokens", m.max_tokens, get_int<int32_t>);
+  f.opt("temperature", m.temperature, get_float);
+  f.opt("top_k", m.top_k, get_int<int32_t>);
+  f.opt("top_p", m.top_p, get_float);
+  f.opt("seed", m.seed, get_u64);
+  f.opt("stop", m.stop, [](R& r) { return get_list<std::string>(r, get_str); });
+  f.opt("logprobs", m.logprobs, get_int<int32_t>);
+  f.opt("ignore_eos", m.ignore_eos, get_bool);
+  f.opt("priority", m.priority, get_int<int32_t>);
+  return m;
+}
+
+Tokens get_tokens(const Fields& f) {
+  Tokens m;
+  m.tag = f.req("tag", get_u64);
+  m.text = f.req("text", get_str);
+  m.ids = f.req("ids", get_ints);
+  f.opt("logprobs", m.logprobs, [&](R& r) {
+    auto list = get_list<core::SampledToken>(r, [](R& e) {
+      const uint32_t n = get_tuple(e, 2, "[logprob, top]");
+      core::SampledToken t;
+      t.logprob = in("logprob", [&] { return get_logprob(e); });
+      t.top = in("top", [&] { return get_top(e); });
+      skip_rest(e, n, 2);
+      return t;
+    });
+    if (list.size() != m.ids.size())
+      bad("has " + std::to_string(list.size()) + " entries for " + std::to_string(m.ids.size()) + " ids");
+    for (size_t i = 0; i < list.size(); ++i) list[i].id = m.ids[i];
+    return list;
+  });
+  return m;
+}
+
+Finished get_finished(const Fields& f) {
+  Finished m;
+  m.tag = f.req("tag", get_u64);
+  m.finish_reason = f.req("finish_reason", [](R& r) { return get_enum(r, kFinishReasons); });
+  m.text = f.req("text", get_str);
+  f.opt("error", m.error, get_str);
+  m.usage = f.req("usage", [](R& r) {
+    Fields u(r);
+    core::Usage usage;
+    usage.prompt_tokens = u.req("prompt_tokens", get_int<int32_t>);
+    usage.completion_tokens = u.req("completion_tokens", get_int<int32_t>);
+    usage.cached_tokens = u.req("cached_tokens", get_int<int32_t>);
+    return usage;
+  });
+  m.timings = f.req("timings", [](R& r) {
+    Fields t(r);
+    Timings timings;
+    timings.queue_ms = t.req("queue_ms", get_double);
+    timings.ttft_ms = t.req("ttft_ms", get_double);
+    timings.e2e_ms = t.req("e2e_ms", get_double);
+    return timings;
+  });
+  return m;
+}
+
+StatusReply get_status_reply(const Fields& f) {
+  StatusReply m;
+  m.workers = f.req("workers", [](R& r) {
+    return get_list<WorkerStatus>(r, [](R& e) {
+      Fields w(e);
+      WorkerStatus s;
+      s.id = w.req("id", get_int<uint32_t>);
+      s.node = w.req("node", get_str);
+      s.device = w.req("device", get_str);
+      s.state = w.req("state", get_str);
+      s.kv_used = w.req("kv_used", get_int<int32_t>);
+      s.kv_total = w.req("kv_total", get_int<int32_t>);
+      s.running = w.req("running", get_int<int32_t>);
+      s.waiting = w.req("waiting", get_int<int32_t>);
+      s.tokens_per_s = w.req("tokens_per_s", get_double);
+      return s;
+    });
+  });
+  m.queue_depth = f.req("queue_depth", get_i64);
+  m.max_queue = f.req("max_queue", get_i64);
+  m.requests_served = f.req("requests_served", get_u64);
+  m.requests_running = f.req("requests_running", get_u64);
+  m.requests_rejected = f.req("requests_rejected", get_u64);
+  m.uptime_s = f.req("uptime_s", get_double);
+  return m;
+}
+
+Register get_register(const Fields& f) {
+  Register m;
+  m.node = f.req("node", get_str);
+  m.workers = f.req("workers", [](R& r) {
+    return get_list<WorkerInfo>(r, [](R& e) {
+      Fields w(e);
+      WorkerInfo i;
+      i.index = w.req("index", get_int<uint32_t>);
+      i.device = w.req("device", get_str);
+      i.num_blocks = w.req("num_blocks", get_int<int32_t>);
+      i.block_size = w.req("block_size", get_int<int32_t>);
+      i.max_model_len = w.req("max_model_len", get_int<int32_t>);
+      i.vocab_size = w.req("vocab_size", get_int<int32_t>);
+      i.threads = w.req("threads", get_int<int32_t>);
+      i.fingerprint = w.req("fingerprint", get_u64);
+      return i;
+    });
+  });
+  return m;
+}
+
+Registered get_registered(const Fields& f) {
+  Registered m;
+  m.workers = f.req("workers", [](R& r) {
+    return get_list<WorkerId>(r, [](R& e) {
+      Fields w(e);
+      WorkerId id;
+      id.index = w.req("index", get_int<uint32_t>);
+      id.worker_id = w.req("worker_id", get_int<uint32_t>);
+      return id;
+    });
+  });
+  m.heartbeat_ms = f.req("heartbeat_ms", get_int<int32_t>);
+  m.liveness = f.req("liveness", get_int<int32_t>);
+  return m;
+}
+
+// `type` is the frame's "t"; throws kUnknownType for a name no message has.
+Message decode_message(const std::string& type, const Fields& f) {
+  size_t index = kMessageTypes.size();
+  for (size_t i = 0; i < kMessageTypes.size(); ++i)
+    if (type == kMessageTypes[i]) index = i;
+  switch (index) {
+    case 0:
+      return get_submit(f);
+    case 1:
+      return Accepted{f.req("tag", get_u64), f.req("request_id", get_u64)};
+    case 2:
+      return Rejected{f.req("tag", get_u64), f.req("code", [](R& r) { return get_enum(r, kRejectCodes); }),
+                      f.req("message", get_str)};
+    case 3:
+      return get_tokens(f);
+    case 4:
+      return get_finished(f);
+    case 5:
+      return Cancel{f.req("tag", get_u64)};
+    case 6:
+      return Status{};
+    case 7:
+      return get_status_reply(f);
+    case 8:
+      return get_register(f);
+    case 9:
+      return get_registered(f);
+    case 10:
+      return Refused{f.req("reason", get_str)};
+    case 11:
+      return Plan{f.req("worker", get_int<uint32_t>), f.req("plan", get_plan)};
+    case 12:
+      return Result{f.req("worker", get_int<uint32_t>), f.req("result", get_result)};
+    case 13:
+      return Heartbeat{};
+    case 14:
+      return Drain{};
+    case 15:
+      return Shutdown{};
+    case 16: {
+      Error e{f.req("code", [](R& r) { return get_enum(r, kErrorCodes); }), f.req("message", get_str),
+              std::nullopt};
+      f.opt("tag", e.tag, get_u64);
+      return e;
+    }
+  }
+  throw Failure{ErrorCode::kUnknownType, "", "unknown message type \"" + printable(type) + "\""};
+}
+
+}  // namespace
+
+Decoded decode(std::string_view bytes, size_t max_frame_bytes) {
+  Decoded d;
+  if (bytes.size() > max_frame_bytes) {
+    d.error = {ErrorCode::kTooLarge,
+               "frame of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
+                   std::to_string(max_frame_bytes) + " bytes",
+               "", std::nullopt};
+    return d;
+  }
+  std::string type;
+  std::optional<uint64_t> tag;
+  try {
+    R r(bytes);
+    Fields f(r, /*top_level=*/true);
+    if (!r.at_end()) malformed(std::to_string(r.remaining()) + " bytes follow the frame's map");
+    std::string_view sv;
+    auto p = f.find("p");
+    if (!p || !p->read_str(sv) || sv != kProtocolName)
+      malformed("not a troupe frame (key \"p\" must be \"troupe\")");
+    if (auto t = f.find("t"); t && t->read_str(sv)) type = printable(sv);
+    if (auto g = f.find("tag")) {
+      uint64_t v = 0;
+      if (g->read_uint(v)) tag = v;
+    }
+    const int64_t version = f.req("v", get_int<int64_t>);
+    if (version != kProtocolVersion)
+      throw Failure{ErrorCode::kBadVersion, "",
+                    "protocol version " + std::to_string(version) +
+                        " is not supported (this peer speaks version " + std::to_string(kProtocolVersion) +
+                        ")"};
+    const std::string t = f.req("t", get_str);
+    d.message = decode_message(t, f);
+  } catch (Failure& e) {
+    std::string where = e.path;  // unknown_type: the problem names the type already
+    if (!type.empty() && e.code != ErrorCode::kUnknownType) where = where.empty() ? type : type + "." + where;
+    d.error = {e.code, where.empty() ? e.problem : where + ": " + e.problem, type, tag};
+  } catch (const MsgpackError& e) {
+    d.error = {ErrorCode::kMalformed, e.what(), type, tag};
+  } catch (const std::exception& e) {  // std::bad_alloc: the frame's contents, not its claims, were too big
+    d.error = {ErrorCode::kMalformed, std::string("unreadable frame: ") + e.what(), type, tag};
+  }
+  return d;
+}
+
+}  // namespace troupe::transport

@@ -1,0 +1,266 @@
+// encode(): every message as one msgpack map (msgpack-c's packer picks the
+// shortest encoding of each integer, so small ids and positions take 1 byte).
+#include <msgpack/pack.hpp>
+
+#include "transport/protocol.hpp"
+
+namespace troupe::transport {
+namespace {
+
+struct StringSink {
+  std::string* out;
+  void write(const char* data, size_t size) { out->append(data, size); }
+};
+
+class Writer {
+ public:
+  explicit Writer(std::string& out) : sink_{&out}, pk_(sink_) {}
+
+  // The map header and the three keys every frame has; `fields` more follow.
+  void begin(const char* type, size_t fields) {
+    map(3 + fields);
+    kv("p", kProtocolName);
+    kv("v", int32_t{kProtocolVersion});
+    kv("t", type);
+  }
+  void array(size_t n) { pk_.pack_array(static_cast<uint32_t>(n)); }
+  void map(size_t n) { pk_.pack_map(static_cast<uint32_t>(n)); }
+
+  // One value, in the msgpack kind its C++ type maps to.
+  void value(std::string_view s) {
+    pk_.pack_str(static_cast<uint32_t>(s.size()));
+    pk_.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+  }
+  void value(const std::string& s) { value(std::string_view(s)); }
+  void value(const char* s) { value(std::string_view(s)); }
+  void value(uint64_t v) { pk_.pack_uint64(v); }
+  void value(uint32_t v) { pk_.pack_uint64(v); }
+  void value(int64_t v) { pk_.pack_int64(v); }
+  void value(int32_t v) { pk_.pack_int64(v); }
+  void value(float v) { pk_.pack_float(v); }
+  void value(double v) { pk_.pack_double(v); }
+  void value(bool v) { v ? pk_.pack_true() : pk_.pack_false(); }
+  template <class T>
+  void value(const std::vector<T>& items) {
+    array(items.size());
+    for (const auto& x : items) value(x);
+  }
+  template <class A, class B>
+  void value(const std::pair<A, B>& p) {
+    tuple(p.first, p.second);
+  }
+
+  // A key and its value.
+  template <class T>
+  void kv(std::string_view key, const T& v) {
+    value(key);
+    value(v);
+  }
+  // A compact record: [a, b, ...].
+  template <class... T>
+  void tuple(const T&... items) {
+    array(sizeof...(items));
+    (value(items), ...);
+  }
+
+ private:
+  StringSink sink_;
+  msgpack::packer<StringSink> pk_;
+};
+
+// [temperature, top_k, top_p, seed, logprobs]
+void write_sampling(Writer& w, const core::SamplingParams& s) {
+  w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs);
+}
+
+// [step_id, drop, new_seqs, work]; new sequence: [seq_id, tokens, num_cached,
+// block_table, sampling]; work: [seq_id, start_pos, num_tokens, new_blocks, sample].
+void write_plan(Writer& w, const core::StepPlan& p) {
+  w.array(4);
+  w.value(p.step_id);
+  w.value(p.drop);
+  w.array(p.new_seqs.size());
+  for (const auto& ns : p.new_seqs) {
+    w.array(5);
+    w.value(ns.seq_id);
+    w.value(ns.tokens);
+    w.value(ns.num_cached);
+    w.value(ns.block_table);
+    write_sampling(w, ns.sampling);
+  }
+  w.array(p.work.size());
+  for (const auto& sw : p.work) w.tuple(sw.seq_id, sw.start_pos, sw.num_tokens, sw.new_blocks, sw.sample);
+}
+
+// [step_id, outputs, failures, error, forward_ms, idle_ms]; output: [seq_id, id]
+// or, with logprobs, [seq_id, id, logprob, top]; failure: [seq_id, error, retryable].
+void write_result(Writer& w, const core::StepResult& r) {
+  w.array(6);
+  w.value(r.step_id);
+  w.array(r.outputs.size());
+  for (const auto& o : r.outputs) {
+    if (o.token.logprob != 0.0f || !o.token.top.empty())
+      w.tuple(o.seq_id, o.token.id, o.token.logprob, o.token.top);
+    else
+      w.tuple(o.seq_id, o.token.id);
+  }
+  w.array(r.failures.size());
+  for (const auto& f : r.failures) w.tuple(f.seq_id, f.error, f.retryable);
+  w.value(r.error);
+  w.value(r.forward_ms);
+  w.value(r.idle_ms);
+}
+
+struct Encoder {
+  Writer& w;
+
+  void operator()(const Submit& m) {
+    w.begin("submit", 10 + (m.seed ? 1 : 0));
+    w.kv("tag", m.tag);
+    if (m.prompt_ids)
+      w.kv("prompt_ids", *m.prompt_ids);
+    else
+      w.kv("prompt", m.prompt ? *m.prompt : std::string());
+    w.kv("max_tokens", m.max_tokens);
+    w.kv("temperature", m.temperature);
+    w.kv("top_k", m.top_k);
+    w.kv("top_p", m.top_p);
+    if (m.seed) w.kv("seed", *m.seed);
+    w.kv("stop", m.stop);
+    w.kv("logprobs", m.logprobs);
+    w.kv("ignore_eos", m.ignore_eos);
+    w.kv("priority", m.priority);
+  }
+  void operator()(const Accepted& m) {
+    w.begin("accepted", 2);
+    w.kv("tag", m.tag);
+    w.kv("request_id", m.request_id);
+  }
+  void operator()(const Rejected& m) {
+    w.begin("rejected", 3);
+    w.kv("tag", m.tag);
+    w.kv("code", to_string(m.code));
+    w.kv("message", m.message);
+  }
+  void operator()(const Tokens& m) {
+    w.begin("tokens", m.logprobs.empty() ? 3 : 4);
+    w.kv("tag", m.tag);
+    w.kv("text", m.text);
+    w.kv("ids", m.ids);
+    if (!m.logprobs.empty()) {
+      w.value("logprobs");  // [[logprob, top], ...], one per id
+      w.array(m.logprobs.size());
+      for (const auto& t : m.logprobs) w.tuple(t.logprob, t.top);
+    }
+  }
+  void operator()(const Finished& m) {
+    w.begin("finished", m.error.empty() ? 5 : 6);
+    w.kv("tag", m.tag);
+    w.kv("finish_reason", core::to_string(m.finish_reason));
+    w.kv("text", m.text);
+    if (!m.error.empty()) w.kv("error", m.error);
+    w.value("usage");
+    w.map(3);
+    w.kv("prompt_tokens", m.usage.prompt_tokens);
+    w.kv("completion_tokens", m.usage.completion_tokens);
+    w.kv("cached_tokens", m.usage.cached_tokens);
+    w.value("timings");
+    w.map(3);
+    w.kv("queue_ms", m.timings.queue_ms);
+    w.kv("ttft_ms", m.timings.ttft_ms);
+    w.kv("e2e_ms", m.timings.e2e_ms);
+  }
+  void operator()(const Cancel& m) {
+    w.begin("cancel", 1);
+    w.kv("tag", m.tag);
+  }
+  void operator()(const Status&) { w.begin("status", 0); }
+  void operator()(const StatusReply& m) {
+    w.begin("status_reply", 7);
+    w.value("workers");
+    w.array(m.workers.size());
+    for (const auto& s : m.workers) {
+      w.map(9);
+      w.kv("id", s.id);
+      w.kv("node", s.node);
+      w.kv("device", s.device);
+      w.kv("state", s.state);
+      w.kv("kv_used", s.kv_used);
+      w.kv("kv_total", s.kv_total);
+      w.kv("running", s.running);
+      w.kv("waiting", s.waiting);
+      w.kv("tokens_per_s", s.tokens_per_s);
+    }
+    w.kv("queue_depth", m.queue_depth);
+    w.kv("max_queue", m.max_queue);
+    w.kv("requests_served", m.requests_served);
+    w.kv("requests_running", m.requests_running);
+    w.kv("requests_rejected", m.requests_rejected);
+    w.kv("uptime_s", m.uptime_s);
+  }
+  void operator()(const Register& m) {
+    w.begin("register", 2);
+    w.kv("node", m.node);
+    w.value("workers");
+    w.array(m.workers.size());
+    for (const auto& i : m.workers) {
+      w.map(8);
+      w.kv("index", i.index);
+      w.kv("device", i.device);
+      w.kv("num_blocks", i.num_blocks);
+      w.kv("block_size", i.block_size);
+      w.kv("max_model_len", i.max_model_len);
+      w.kv("vocab_size", i.vocab_size);
+      w.kv("threads", i.threads);
+      w.kv("fingerprint", i.fingerprint);
+    }
+  }
+  void operator()(const Registered& m) {
+    w.begin("registered", 3);
+    w.value("workers");
+    w.array(m.workers.size());
+    for (const auto& id : m.workers) {
+      w.map(2);
+      w.kv("index", id.index);
+      w.kv("worker_id", id.worker_id);
+    }
+    w.kv("heartbeat_ms", m.heartbeat_ms);
+    w.kv("liveness", m.liveness);
+  }
+  void operator()(const Refused& m) {
+    w.begin("refused", 1);
+    w.kv("reason", m.reason);
+  }
+  void operator()(const Plan& m) {
+    w.begin("plan", 2);
+    w.kv("worker", m.worker);
+    w.value("plan");
+    write_plan(w, m.plan);
+  }
+  void operator()(const Result& m) {
+    w.begin("result", 2);
+    w.kv("worker", m.worker);
+    w.value("result");
+    write_result(w, m.result);
+  }
+  void operator()(const Heartbeat&) { w.begin("heartbeat", 0); }
+  void operator()(const Drain&) { w.begin("drain", 0); }
+  void operator()(const Shutdown&) { w.begin("shutdown", 0); }
+  void operator()(const Error& m) {
+    w.begin("error", m.tag ? 3 : 2);
+    w.kv("code", to_string(m.code));
+    w.kv("message", m.message);
+    if (m.tag) w.kv("tag", *m.tag);
+  }
+};
+
+}  // namespace
+
+std::string encode(const Message& message) {
+  std::string out;
+  Writer w(out);
+  std::visit(Encoder{w}, message);
+  return out;
+}
+
+}  // namespace troupe::transport

@@ -1,0 +1,158 @@
+#pragma once
+// SocketLoop: one thread that owns a process's ZeroMQ sockets and moves
+// frames between them and the rest of the program (the actors).
+//
+//   any thread ── send() ──▶ outbox (mutex + eventfd) ──▶ ┌─────────────┐ ──▶ peers
+//                                                        │ loop thread │
+//   on_frame(Frame&&) ◀── (called on the loop thread) ◀── │ zmq_poll    │ ◀── peers
+//   on_tick(now)      ◀── every tick_interval ◀────────── └─────────────┘
+//
+// Rules it keeps (ZeroMQ guide; caf-0.17 notes §11):
+// - A socket is touched only by the loop thread: sockets are created, bound
+//   and connected in start() on that thread, closed by it when it ends.
+// - Other threads hand frames over through the outbox. Why a mutex-guarded
+//   queue with an eventfd in the poll set rather than an inproc PAIR: the
+//   senders are CAF actors that migrate between scheduler threads, so none
+//   can own a socket of its own, and a shared PAIR would need a lock anyway;
+//   the queue needs no socket per sender and is drained whole per wakeup.
+// - linger = 0; polls wait at most until the next tick, never forever.
+// - stop(): ctx.shutdown() (every zmq call on the loop thread returns ETERM)
+//   -> join the thread (it closes its sockets) -> ctx.close().
+// - Handlers run on the loop thread and must not block (anon_send is fine)
+//   nor call stop(); an exception from a handler is logged and the loop
+//   goes on. Frames still queued when the loop stops are dropped (linger 0):
+//   a protocol that needs a last word waits for its answer before stopping.
+//
+// Server sockets are ROUTERs that bind (peers are told apart by the identity
+// frame ZeroMQ adds); client sockets are DEALERs that connect and reconnect
+// by themselves with backoff, keeping their identity (a random 16 bytes)
+// across those reconnects; reconnect() starts over with a new socket and a
+// new identity. With CurveZMQ every frame is encrypted and a
+// ZAP handler on the loop thread admits only the allowed client keys.
+// Frames over max_frame_bytes are answered with an `error` frame
+// (too_large) and go no further; frames past disconnect_frame_bytes make
+// libzmq drop the connection (ZMQ_MAXMSGSIZE) before they are read.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/liveness.hpp"
+#include "transport/protocol.hpp"
+
+namespace troupe::transport {
+
+using SocketId = int;  // the order of add_socket calls, from 0
+
+// A server's side of CurveZMQ.
+struct CurveServerKeys {
+  std::string secret_key;                    // Z85, this server's long-term secret key
+  std::vector<std::string> allowed_clients;  // Z85 public keys; no other client gets in (non-empty)
+};
+
+// A client's side of CurveZMQ.
+struct CurveClientKeys {
+  std::string public_key;  // Z85, this client's key pair
+  std::string secret_key;
+  std::string server_key;  // Z85 public key of the server it connects to
+};
+
+struct SocketOptions {
+  enum class Role {
+    kServer,  // ROUTER; binds `endpoint`
+    kClient,  // DEALER; connects to `endpoint`
+  };
+  Role role = Role::kServer;
+  std::string endpoint;  // "tcp://127.0.0.1:5555"; a server may bind port * (see SocketLoop::endpoint)
+  std::string name;      // in log lines ("frontend", "backend", "head")
+  std::optional<CurveServerKeys> curve_server;  // kServer only; nullopt = no encryption
+  std::optional<CurveClientKeys> curve_client;  // kClient only; nullopt = no encryption
+  bool insecure = false;       // kServer: allow a non-loopback endpoint without keys (--insecure)
+  int reconnect_ivl_ms = 100;  // kClient: first retry after a lost connection (ZMQ_RECONNECT_IVL)
+  int reconnect_ivl_max_ms =
+      5000;              // kClient: retries double up to this (ZMQ_RECONNECT_IVL_MAX); 0 = no doubling
+  int send_hwm = 10000;  // frames queued per peer; past it a send is dropped and reported; 0 = no limit
+  int recv_hwm = 10000;  // frames queued per peer on receipt; 0 = no limit
+  int tcp_heartbeat_ms = 2000;  // ZMTP PINGs: a connection silent 3x this long is dropped; 0 = off
+};
+
+struct LoopOptions {
+  size_t max_frame_bytes = kDefaultMaxFrameBytes;  // bodies over this get an `error` (too_large) reply
+  size_t disconnect_frame_bytes = 0;  // frames over this drop the connection; 0 = 2 x max_frame_bytes
+  std::chrono::milliseconds tick_interval{100};  // on_tick period and longest poll wait; > 0
+  size_t max_outbox = 100000;  // frames queued by send() not yet sent; past it send() refuses
+  std::function<void(const std::string&)> log;  // one line per event; empty = stderr
+};
+
+// One frame that arrived.
+struct Frame {
+  SocketId socket = 0;
+  std::string peer;  // ROUTER identity of the sender; empty on a client socket
+  std::string body;  // at most max_frame_bytes
+};
+
+// Counters since start (read from any thread).
+struct LoopStats {
+  uint64_t frames_in = 0, bytes_in = 0;          // handed to on_frame (bodies)
+  uint64_t frames_out = 0, bytes_out = 0;        // written to a socket (bodies)
+  uint64_t oversize = 0;                         // answered too_large
+  uint64_t bad_envelopes = 0;                    // not exactly one body frame
+  uint64_t undeliverable = 0;                    // sends dropped: peer gone, queue full, loop stopping
+  uint64_t auth_accepted = 0, auth_refused = 0;  // CurveZMQ handshakes decided by the ZAP handler
+};
+
+class SocketLoop {
+ public:
+  using FrameHandler = std::function<void(Frame&&)>;
+  using TickHandler = std::function<void(Clock::time_point now)>;
+  // A frame for `peer` was dropped (the peer is gone, or its queue is full).
+  using UndeliverableHandler = std::function<void(SocketId, const std::string& peer)>;
+
+  explicit SocketLoop(LoopOptions options = {});
+  ~SocketLoop();  // stop()
+  SocketLoop(const SocketLoop&) = delete;
+  SocketLoop& operator=(const SocketLoop&) = delete;
+
+  // Before start().
+  SocketId add_socket(SocketOptions options);
+  void on_frame(FrameHandler handler);
+  void on_tick(TickHandler handler);
+  void on_undeliverable(UndeliverableHandler handler);
+
+  // Opens every socket on the loop thread and runs it. Throws (and runs
+  // nothing) when a socket cannot be opened: std::invalid_argument for
+  // options that cannot work (keys, an unsafe endpoint: see
+  // check_bind_security), std::runtime_error for the environment (address
+  // in use).
+  void start();
+  // The endpoint a server socket bound, its port resolved ("tcp://127.0.0.1:41234").
+  std::string endpoint(SocketId socket) const;
+
+  // Any thread. Queues a frame for `peer` (ignored on a client socket).
+  // False, with a log line, when the loop is not running, the outbox is
+  // full, or the body is over max_frame_bytes (the peer would refuse it).
+  bool send(SocketId socket, std::string peer, std::string body);
+  bool send_message(SocketId socket, std::string peer, const Message& message);
+  // Any thread. Closes a client socket, dropping what it still queues, and
+  // connects a fresh one (Paranoid Pirate's reconnect after a lost peer).
+  void reconnect(SocketId socket);
+
+  LoopStats stats() const;
+  size_t max_frame_bytes() const { return options_.max_frame_bytes; }
+  std::string name(SocketId socket) const;  // its options' name, else its endpoint
+  void log(const std::string& line) const;
+
+  // Idempotent; after it, send() refuses.
+  void stop();
+
+ private:
+  struct Impl;
+  LoopOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::transport
