@@ -13,22 +13,6 @@ double ms_between(int64_t from, int64_t to) { return static_cast<double>(to - fr
 
 }  // namespace
 
-const char* to_string(RejectCode code) {
-  switch (code) {
-    case RejectCode::kBusy:
-      return "busy";
-    case RejectCode::kInvalid:
-      return "invalid";
-    case RejectCode::kTooLong:
-      return "too_long";
-    case RejectCode::kNoWorkers:
-      return "no_workers";
-    case RejectCode::kShuttingDown:
-      return "shutting_down";
-  }
-  return "invalid";
-}
-
 // A request between acceptance and its final message.
 struct RouterCore::Live {
   std::string client;
@@ -52,7 +36,8 @@ RouterCore::RouterCore(const model::Tokenizer& tokenizer, const RouterOptions& o
 
 RouterCore::~RouterCore() = default;
 
-std::variant<core::Request, Rejected> RouterCore::admit(const Job& job) const {
+std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tokenizer& tokenizer_,
+                                                const RouterOptions& options_) {
   auto invalid = [&](const std::string& m) { return Rejected{job.tag, RejectCode::kInvalid, m}; };
   auto too_long = [&](const std::string& m) { return Rejected{job.tag, RejectCode::kTooLong, m}; };
   if (job.prompt.has_value() == job.prompt_ids.has_value()) {
@@ -93,8 +78,13 @@ std::variant<core::Request, Rejected> RouterCore::admit(const Job& job) const {
                     std::to_string(options_.max_model_len) +
                     " positions; lower max_tokens or shorten the prompt");
   }
+  core::SamplingParams sampling;
+  sampling.temperature = job.temperature;
+  sampling.top_k = job.top_k;
+  sampling.top_p = job.top_p;
+  sampling.logprobs = job.logprobs;
   try {
-    core::validate(job.sampling);
+    core::validate(sampling);
   } catch (const std::invalid_argument& e) {
     return invalid(e.what());
   }
@@ -108,7 +98,7 @@ std::variant<core::Request, Rejected> RouterCore::admit(const Job& job) const {
       return invalid("a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
   }
   r.max_tokens = job.max_tokens;
-  r.sampling = job.sampling;
+  r.sampling = sampling;
   r.seed = job.seed;
   r.ignore_eos = job.ignore_eos;
   r.priority = job.priority;
@@ -125,7 +115,7 @@ void RouterCore::on_submit(const std::string& client, const Job& job, int64_t no
     return reject(RejectCode::kInvalid,
                   "tag " + std::to_string(job.tag) + " is already in use by a running job");
   }
-  auto checked = admit(job);
+  auto checked = admit_job(job, tokenizer_, options_);
   if (auto* rej = std::get_if<Rejected>(&checked)) {
     ++stats_.rejected;
     out.replies.push_back({client, std::move(*rej)});
@@ -143,7 +133,7 @@ void RouterCore::on_submit(const std::string& client, const Job& job, int64_t no
   live->client = client;
   live->tag = job.tag;
   live->id = r.id;
-  live->logprobs = job.sampling.logprobs >= 0;
+  live->logprobs = job.logprobs >= 0;
   live->ignore_eos = job.ignore_eos;
   live->prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
   live->accepted_at = now;
@@ -190,7 +180,7 @@ bool RouterCore::on_cancel(const std::string& client, uint64_t tag, int64_t now,
   Live& r = *by_id_.at(it->second);
   out.commands.emplace_back(FinishCommand{r.id, core::FinishReason::kCancelled});
   Finished f;
-  f.reason = core::FinishReason::kCancelled;
+  f.finish_reason = core::FinishReason::kCancelled;
   finish(r, f, now, out);
   return true;
 }
@@ -231,7 +221,7 @@ void RouterCore::on_events(const std::vector<core::RequestEvent>& events, int64_
         ++r.generated;
         ++stats_.output_tokens;
         if (!r.first_token_at) r.first_token_at = now;
-        TokenDelta d;
+        Tokens d;
         d.tag = r.tag;
         d.ids = {ev.token_id};
         if (r.logprobs) d.logprobs.push_back({ev.token_id, ev.logprob, ev.top_logprobs});
@@ -241,14 +231,14 @@ void RouterCore::on_events(const std::vector<core::RequestEvent>& events, int64_
         if (r.text->stopped()) {
           out.commands.emplace_back(FinishCommand{r.id, core::FinishReason::kStop});
           Finished f;
-          f.reason = core::FinishReason::kStop;
+          f.finish_reason = core::FinishReason::kStop;
           finish(r, f, now, out);
         }
         break;
       }
       case core::EventKind::kFinished: {
         Finished f;
-        f.reason = ev.finish_reason;
+        f.finish_reason = ev.finish_reason;
         f.error = ev.error;
         if (ev.finish_reason != core::FinishReason::kStop) f.text = r.text->flush();
         finish(r, f, now, out);

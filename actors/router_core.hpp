@@ -8,8 +8,8 @@
 // batcher's critical path (vLLM v1's output processor); a stop found here
 // ends the sequence at the batcher.
 //
-//   client ──Job──▶ RouterCore ──Request / FinishCommand──▶ batcher
-//   client ◀──Accepted, Rejected, TokenDelta, Finished── RouterCore ◀──RequestEvents── batcher
+//   client ──Submit──▶ RouterCore ──Request / FinishCommand──▶ batcher
+//   client ◀──Accepted, Rejected, Tokens, Finished── RouterCore ◀──RequestEvents── batcher
 //
 // A request's life here: accepted (queued) → scheduled → streaming → done.
 // Cancel, a vanished client, a stop string, eos, length and errors all end
@@ -26,6 +26,7 @@
 #include "core/batcher.hpp"
 #include "core/request.hpp"
 #include "core/sampling_params.hpp"
+#include "transport/protocol.hpp"
 
 namespace troupe::model {
 class Tokenizer;
@@ -35,64 +36,27 @@ namespace troupe::actors {
 
 class OutputText;
 
-// A job as a client submits it.
-struct Job {
-  uint64_t tag = 0;                   // the client's name for it, unique per client
-  std::optional<std::string> prompt;  // text; exactly one of prompt / prompt_ids
-  std::optional<std::vector<int32_t>> prompt_ids;
-  int32_t max_tokens = 16;        // >= 1
-  core::SamplingParams sampling;  // its seed field is ignored: see `seed`
-  std::optional<uint64_t> seed;   // none: the router draws one
-  std::vector<std::string> stop;  // stop strings: non-empty, at most kMaxStops
-  bool ignore_eos = false;
-  int32_t priority = 0;  // lower runs first
-};
+// A job is what a client submits (transport::Submit); the client messages
+// are the wire's (transport/protocol.hpp), so every front speaks them.
+using Job = transport::Submit;
+using transport::Accepted;
+using transport::Finished;
+using transport::RejectCode;
+using transport::Rejected;
+using transport::Timings;
+using transport::Tokens;
 
 struct RouterOptions {
-  int32_t max_queue = 1024;      // accepted requests not yet started, at most; >= 0
-  int32_t max_model_len = 1024;  // prompt + max_tokens at most (the model's n_positions)
+  int32_t max_queue = 1024;     // accepted requests not yet started, at most; >= 0
+  int32_t max_model_len = 1024; // prompt + max_tokens at most (the model's n_positions)
   int32_t vocab_size = 50257;
-  int32_t eos_id = 50256;  // -1 = none
-  uint64_t seed = 0;       // base of the seeds drawn for jobs that bring none
+  int32_t eos_id = 50256;       // -1 = none
+  uint64_t seed = 0;            // base of the seeds drawn for jobs that bring none
 };
 
-constexpr size_t kMaxStops = 16;        // stop strings per job
-constexpr size_t kMaxStopBytes = 1024;  // bytes per stop string
+constexpr size_t kMaxStops = 16;           // stop strings per job
+constexpr size_t kMaxStopBytes = 1024;     // bytes per stop string
 
-enum class RejectCode { kBusy, kInvalid, kTooLong, kNoWorkers, kShuttingDown };
-// "busy", "invalid", "too_long", "no_workers", "shutting_down".
-const char* to_string(RejectCode code);
-
-struct Accepted {
-  uint64_t tag = 0;
-  uint64_t request_id = 0;
-};
-struct Rejected {
-  uint64_t tag = 0;
-  RejectCode code = RejectCode::kInvalid;
-  std::string message;
-};
-// New output of one request: text that became safe to show, and the ids
-// (with logprobs when asked) that produced it.
-struct TokenDelta {
-  uint64_t tag = 0;
-  std::string text;
-  std::vector<int32_t> ids;
-  std::vector<core::SampledToken> logprobs;  // one per id when the job asked for logprobs
-};
-struct Timings {
-  double queue_ms = 0;  // accepted -> first scheduled
-  double ttft_ms = 0;   // accepted -> first token (0 when none)
-  double e2e_ms = 0;    // accepted -> finished
-};
-struct Finished {
-  uint64_t tag = 0;
-  core::FinishReason reason = core::FinishReason::kLength;
-  std::string text;   // the last safe text (what stop matching held back)
-  std::string error;  // reason kError
-  core::Usage usage;
-  Timings timings;
-};
 struct RouterStats {
   int64_t accepted = 0;
   int64_t rejected = 0;
@@ -120,7 +84,7 @@ struct StatusReport {
   double uptime_s = 0;
 };
 
-using ClientMessage = std::variant<Accepted, Rejected, TokenDelta, Finished, StatusReport>;
+using ClientMessage = std::variant<Accepted, Rejected, Tokens, Finished, StatusReport>;
 
 struct Reply {
   std::string client;  // the client's address (a ZeroMQ routing id, an HTTP connection, ...)
@@ -138,6 +102,12 @@ struct RouterOutput {
   std::vector<Reply> replies;
   std::vector<BatcherCommand> commands;
 };
+
+// Checks and tokenizes a job: the request to run (id unset; seed as the job
+// gave it), or why not. The one validation of a job, for every front and
+// for `troupe batch`.
+std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tokenizer& tokenizer,
+                                                const RouterOptions& options);
 
 class RouterCore {
  public:
@@ -159,10 +129,6 @@ class RouterCore {
   // New jobs are refused from now on ("shutting_down"); running ones go on.
   void begin_shutdown() { stats_.shutting_down = true; }
   bool idle() const { return by_id_.empty(); }
-
-  // Checks and tokenizes a job: the request to run (id and seed still unset),
-  // or why not. Also the HTTP front's validation.
-  std::variant<core::Request, Rejected> admit(const Job& job) const;
 
   const RouterStats& stats() const { return stats_; }
   const RouterOptions& options() const { return options_; }

@@ -17,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/engine.hpp"
+#include "actors/router_core.hpp"
 #include "cli/command.hpp"
+#include "cli/job_json.hpp"
 #include "cli/scheduler_flags.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -45,92 +47,6 @@ struct Job {
   json output;                // the finished output line
   bool done = false;
 };
-
-const std::set<std::string> kFields = {"id",  "prompt", "prompt_ids", "max_tokens", "temperature", "top_k",
-                                       "top_p", "seed",  "stop",       "logprobs",   "ignore_eos",  "priority"};
-
-// An integer field within [lo, hi] of its type, or an error naming it: never
-// narrowed (JSON integers reach 2^64 - 1; larger ones parse as floats).
-template <class T>
-T get_int(const json& j, const char* key, T lo = std::numeric_limits<T>::min(),
-          T hi = std::numeric_limits<T>::max()) {
-  const json& v = j.at(key);
-  __int128 x = 0;
-  if (v.is_number_unsigned())
-    x = v.get<uint64_t>();
-  else if (v.is_number_integer())
-    x = v.get<int64_t>();
-  if (!v.is_number_integer() || x < static_cast<__int128>(lo) || x > static_cast<__int128>(hi)) {
-    throw std::invalid_argument(std::string("\"") + key + "\" must be an integer in [" + std::to_string(lo) +
-                                ", " + std::to_string(hi) + "], got " + v.dump());
-  }
-  return static_cast<T>(x);
-}
-
-// A float field that is finite as a float and passes `ok`, or an error
-// naming it and the range `want` describes.
-template <class Ok>
-float get_float(const json& j, const char* key, Ok ok, const char* want) {
-  const json& v = j.at(key);
-  const double d = v.is_number() ? v.get<double>() : 0.0;
-  if (!v.is_number() || !std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max() ||
-      !ok(static_cast<float>(d))) {
-    throw std::invalid_argument(std::string("\"") + key + "\" must be " + want + ", got " + v.dump());
-  }
-  return static_cast<float>(d);
-}
-
-core::Request parse_job(const json& j, const model::Tokenizer& tok, bool& logprobs, std::vector<std::string>& stop) {
-  if (!j.is_object()) throw std::invalid_argument("a line must be a JSON object");
-  for (const auto& [k, v] : j.items())
-    if (!kFields.count(k)) throw std::invalid_argument("unknown field \"" + k + "\"");
-  core::Request r;
-  if (j.contains("prompt") == j.contains("prompt_ids"))
-    throw std::invalid_argument("give exactly one of \"prompt\" (text) or \"prompt_ids\" (array of ids)");
-  if (j.contains("prompt")) {
-    if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
-    r.prompt_ids = tok.encode(j["prompt"].get<std::string>());
-  } else {
-    if (!j["prompt_ids"].is_array()) throw std::invalid_argument("\"prompt_ids\" must be an array of ids");
-    for (const auto& v : j["prompt_ids"]) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-        throw std::invalid_argument("\"prompt_ids\" must hold non-negative integer ids");
-      r.prompt_ids.push_back(v.get<int32_t>());
-    }
-  }
-  if (j.contains("max_tokens")) r.max_tokens = get_int<int32_t>(j, "max_tokens", 1);
-  if (j.contains("temperature"))
-    r.sampling.temperature = get_float(
-        j, "temperature", [](float t) { return t >= 0; }, "a finite number >= 0 (0 = greedy)");
-  if (j.contains("top_k")) r.sampling.top_k = get_int<int32_t>(j, "top_k", 0);
-  if (j.contains("top_p"))
-    r.sampling.top_p = get_float(
-        j, "top_p", [](float p) { return p > 0 && p <= 1; }, "a number in (0, 1]");
-  if (j.contains("seed")) r.seed = get_int<uint64_t>(j, "seed");
-  if (j.contains("logprobs")) {
-    r.sampling.logprobs = get_int<int32_t>(j, "logprobs", -1, model::kMaxLogprobs);
-    logprobs = r.sampling.logprobs >= 0;
-  }
-  if (j.contains("stop")) {
-    const json& s = j["stop"];
-    if (s.is_string()) {
-      stop.push_back(s.get<std::string>());
-    } else if (s.is_array()) {
-      for (const auto& v : s) {
-        if (!v.is_string()) throw std::invalid_argument("\"stop\" must be a string or an array of strings");
-        stop.push_back(v.get<std::string>());
-      }
-    } else {
-      throw std::invalid_argument("\"stop\" must be a string or an array of strings");
-    }
-  }
-  if (j.contains("ignore_eos")) {
-    if (!j["ignore_eos"].is_boolean()) throw std::invalid_argument("\"ignore_eos\" must be true or false");
-    r.ignore_eos = j["ignore_eos"].get<bool>();
-  }
-  if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
-  return r;
-}
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -173,6 +89,10 @@ int run_batch(const BatchFlags& f) {
   model::Gpt2 gpt(cfg, dir.weights, device);
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
+  actors::RouterOptions router_options;  // the servers' job checks, without a queue bound
+  router_options.max_model_len = cfg.n_positions;
+  router_options.vocab_size = cfg.vocab_size;
+  router_options.eos_id = cfg.eos_token_id;
 
   // Read and submit every line; bad lines get their error output at once.
   std::vector<Job> jobs;
@@ -185,7 +105,12 @@ int run_batch(const BatchFlags& f) {
     try {
       json j = json::parse(line);
       if (j.is_object() && j.contains("id")) job.id = j["id"];
-      core::Request r = parse_job(j, dir.tokenizer, job.logprobs, job.stop);
+      const transport::Submit submit = parse_job_json(j);
+      auto admitted = actors::admit_job(submit, dir.tokenizer, router_options);
+      if (auto* rej = std::get_if<actors::Rejected>(&admitted)) throw std::invalid_argument(rej->message);
+      core::Request r = std::move(std::get<core::Request>(admitted));
+      job.logprobs = submit.logprobs >= 0;
+      job.stop = submit.stop;
       r.id = jobs.size();
       if (auto err = engine.submit(r, job.stop)) throw std::invalid_argument(*err);
       job.request = std::move(r);

@@ -107,7 +107,7 @@ class ActorsTest : public ::testing::Test {
     auto it = replies.find(client);
     if (it == replies.end()) return {text, fin};
     for (const auto& m : it->second) {
-      if (auto* d = std::get_if<TokenDelta>(&m); d && d->tag == tag) text += d->text;
+      if (auto* d = std::get_if<Tokens>(&m); d && d->tag == tag) text += d->text;
       if (auto* f = std::get_if<Finished>(&m); f && f->tag == tag) {
         text += f->text;
         fin = f;
@@ -146,7 +146,7 @@ TEST_F(ActorsTest, JobsStreamTheirTextThroughTwoWorkers) {
   for (uint64_t tag = 1; tag <= 4; ++tag) {
     auto [text, fin] = outcome("client", tag);
     ASSERT_NE(fin, nullptr) << tag;
-    EXPECT_EQ(fin->reason, core::FinishReason::kLength);
+    EXPECT_EQ(fin->finish_reason, core::FinishReason::kLength);
     EXPECT_EQ(fin->usage.completion_tokens, 6);
     EXPECT_EQ(text, expected(request_id("client", tag), plen, 6)) << tag;
   }
@@ -178,7 +178,7 @@ TEST_F(ActorsTest, ADeadWorkersRequestsFinishOnTheOtherWithNothingRepeated) {
   for (uint64_t tag = 1; tag <= 4; ++tag) {
     auto [text, fin] = outcome("c", tag);
     ASSERT_NE(fin, nullptr) << tag;
-    EXPECT_EQ(fin->reason, core::FinishReason::kLength) << tag;
+    EXPECT_EQ(fin->finish_reason, core::FinishReason::kLength) << tag;
     EXPECT_EQ(text, expected(request_id("c", tag), plen, 12)) << "tag " << tag;
   }
 }

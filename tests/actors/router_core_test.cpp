@@ -123,7 +123,7 @@ TEST(RouterCore, RejectsBadJobsWithTheRightCode) {
          "too_long", "tokens");
   expect(text_job(1, "Hello", 64), "too_long", "max_tokens");
   Job hot = text_job(1, "x");
-  hot.sampling.temperature = -1;
+  hot.temperature = -1;
   expect(hot, "invalid", "temperature");
   Job stops = text_job(1, "x");
   stops.stop = {""};
@@ -167,7 +167,7 @@ TEST(RouterCore, StreamsTextAndFinishesWithUsageAndTimings) {
   RouterCore r(gpt2(), options());
   RouterOutput out;
   Job j = text_job(7, "Once upon");
-  j.sampling.logprobs = 1;
+  j.logprobs = 1;
   r.on_submit("a", j, 1'000'000, out);
   const uint64_t id = of<Accepted>(out)[0].request_id;
   const auto ids = gpt2().encode(" a time, caf\xc3\xa9");
@@ -178,7 +178,7 @@ TEST(RouterCore, StreamsTextAndFinishesWithUsageAndTimings) {
   r.on_events({token(id, 50256), finished(id, core::FinishReason::kEos)}, t += 1'000'000, s);
   std::string text;
   size_t n_ids = 0, n_lp = 0;
-  for (const auto& d : of<TokenDelta>(s)) {
+  for (const auto& d : of<Tokens>(s)) {
     text += d.text;
     n_ids += d.ids.size();
     n_lp += d.logprobs.size();
@@ -190,7 +190,7 @@ TEST(RouterCore, StreamsTextAndFinishesWithUsageAndTimings) {
   EXPECT_EQ(text, " a time, caf\xc3\xa9");
   EXPECT_EQ(n_ids, ids.size() + 1);
   EXPECT_EQ(n_lp, n_ids);
-  EXPECT_EQ(fin[0].reason, core::FinishReason::kEos);
+  EXPECT_EQ(fin[0].finish_reason, core::FinishReason::kEos);
   EXPECT_EQ(fin[0].usage.prompt_tokens, static_cast<int32_t>(gpt2().encode("Once upon").size()));
   EXPECT_EQ(fin[0].usage.completion_tokens, static_cast<int32_t>(ids.size()) + 1);
   EXPECT_DOUBLE_EQ(fin[0].timings.queue_ms, 2.0);
@@ -212,15 +212,15 @@ TEST(RouterCore, AStopStringEndsTheRequestHereAndAtTheBatcher) {
   for (int32_t x : gpt2().encode(" one two three four")) r.on_events({token(id, x)}, 1, s);
   auto fin = of<Finished>(s);
   ASSERT_EQ(fin.size(), 1u);
-  EXPECT_EQ(fin[0].reason, core::FinishReason::kStop);
+  EXPECT_EQ(fin[0].finish_reason, core::FinishReason::kStop);
   std::string text;
-  for (const auto& d : of<TokenDelta>(s)) text += d.text;
+  for (const auto& d : of<Tokens>(s)) text += d.text;
   EXPECT_EQ(text + fin[0].text, " one two");
   ASSERT_EQ(s.commands.size(), 1u);
   const auto& cmd = std::get<FinishCommand>(s.commands[0]);
   EXPECT_EQ(cmd.request_id, id);
   EXPECT_EQ(cmd.reason, core::FinishReason::kStop);
-  EXPECT_EQ(of<TokenDelta>(s).size(), 3u) << "tokens after the stop are not streamed";
+  EXPECT_EQ(of<Tokens>(s).size(), 3u) << "tokens after the stop are not streamed";
   // The batcher's own final event for it comes later and is ignored.
   RouterOutput late;
   r.on_events({finished(id, core::FinishReason::kStop)}, 2, late);
@@ -238,7 +238,7 @@ TEST(RouterCore, CancelAndVanishedClientsEndTheirRequestsOnce) {
   EXPECT_TRUE(r.on_cancel("b", 1, 5, c));
   EXPECT_FALSE(r.on_cancel("b", 1, 5, c));
   ASSERT_EQ(of<Finished>(c).size(), 1u);
-  EXPECT_EQ(of<Finished>(c)[0].reason, core::FinishReason::kCancelled);
+  EXPECT_EQ(of<Finished>(c)[0].finish_reason, core::FinishReason::kCancelled);
   ASSERT_EQ(c.commands.size(), 1u);
   EXPECT_EQ(std::get<FinishCommand>(c.commands[0]).request_id, acc[2].request_id);
   RouterOutput g;

@@ -1,0 +1,42 @@
+#pragma once
+// A client of a head's front socket for code without actors (`troupe submit`,
+// `troupe status`, `troupe bench --to`, tests): messages out with send(),
+// messages in, in order, with next(). One SocketLoop thread underneath; any
+// number of jobs may be in flight (tell them apart by tag).
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "transport/inbox.hpp"
+#include "transport/socket_loop.hpp"
+
+namespace troupe::cluster {
+
+struct ClientOptions {
+  std::string endpoint;                                 // the head's client endpoint, tcp://HOST:5555
+  std::optional<transport::CurveClientKeys> curve;      // nullopt = plaintext
+  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
+  bool quiet = true;                                    // no log lines from the socket loop
+};
+
+class Client {
+ public:
+  explicit Client(const ClientOptions& options);  // connects (asynchronously)
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  bool send(const transport::Message& message);
+  // The next message from the head, or nullopt after `timeout` of silence.
+  std::optional<transport::Message> next(std::chrono::milliseconds timeout);
+
+  // A status request and its reply (nullopt when none came in time).
+  std::optional<transport::StatusReply> status(std::chrono::milliseconds timeout);
+
+ private:
+  transport::SocketLoop loop_;
+  transport::SocketId socket_ = 0;
+  transport::Inbox<transport::Message> inbox_;
+};
+
+}  // namespace troupe::cluster

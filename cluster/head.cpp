@@ -1,0 +1,156 @@
+#include "cluster/head.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <map>
+#include <thread>
+
+#include "actors/batcher_actor.hpp"
+#include "actors/router_actor.hpp"
+#include "actors/worker_actor.hpp"
+#include "cluster/zmq_front.hpp"
+#include "cluster/gateway.hpp"
+#include "cluster/model_worker.hpp"
+#include "cluster/signals.hpp"
+#include "model/cpu_count.hpp"
+#include "model/gpt2.hpp"
+#include "model/model_dir.hpp"
+#include "model/threading.hpp"
+#include "transport/dispatch.hpp"
+
+namespace troupe::cluster {
+namespace {
+
+void log_line(bool quiet, const std::string& line) {
+  if (!quiet) std::cerr << "troupe serve: " << line << std::endl;
+}
+
+// The local workers: one per device, or `workers` CPU workers sharing the
+// usable CPUs.
+std::vector<std::string> local_devices(const HeadOptions& o) {
+  if (o.devices.size() == 1 && o.devices[0] == "cpu") return std::vector<std::string>(o.workers, "cpu");
+  return o.devices;
+}
+
+}  // namespace
+
+int run_head(const HeadOptions& o) {
+  SignalWaiter signals;  // before any thread starts
+  model::ModelDir dir = model::load_model_dir(o.model_dir);
+  const model::Gpt2Config& cfg = dir.config;
+  core::SchedulerOptions sched = o.scheduler;
+  sched.max_model_len = cfg.n_positions;
+  sched.vocab_size = cfg.vocab_size;
+  sched.eos_id = cfg.eos_token_id;
+  sched.max_steps_in_flight = 2;
+  sched.num_blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, sched.block_size);
+  const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
+
+  caf::actor_system_config caf_cfg;
+  caf_cfg.set("scheduler.max-threads", 2);  // message handling only: forward passes run on detached workers
+  caf_cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{caf_cfg};
+
+  transport::LoopOptions lo;
+  lo.max_frame_bytes = o.max_frame_bytes;
+  if (o.quiet) lo.log = [](const std::string&) {};
+  transport::SocketLoop loop(lo);
+  transport::SocketOptions front_opts;
+  front_opts.role = transport::SocketOptions::Role::kServer;
+  front_opts.endpoint = o.listen;
+  front_opts.name = "frontend";
+  front_opts.curve_server = o.curve;
+  front_opts.insecure = o.insecure;
+  transport::SocketOptions back_opts = front_opts;
+  back_opts.endpoint = o.worker_listen;
+  back_opts.name = "backend";
+  const transport::SocketId frontend = loop.add_socket(front_opts);
+  const transport::SocketId backend = loop.add_socket(back_opts);
+
+  actors::batcher_actor batcher = actors::spawn_batcher(sys, o.batcher);
+  actors::RouterOptions ro;
+  ro.max_queue = o.max_queue;
+  ro.max_model_len = cfg.n_positions;
+  ro.vocab_size = cfg.vocab_size;
+  ro.eos_id = cfg.eos_token_id;
+  ro.seed = o.seed;
+  actors::router_actor router = actors::spawn_router(sys, dir.tokenizer, ro, batcher, zmq_client_sink(loop, frontend, o.max_queue));
+
+  const std::vector<std::string> devices = local_devices(o);
+  GatewayConfig gc;
+  gc.loop = &loop;
+  gc.backend = backend;
+  gc.worker_template = sched;
+  gc.membership.liveness = transport::LivenessOptions{o.heartbeat, o.liveness};
+  gc.membership.fingerprint = fingerprint;
+  gc.membership.vocab_size = cfg.vocab_size;
+  gc.first_worker_id = devices.size() + 1;
+  caf::actor gateway = spawn_gateway(sys, gc, batcher);
+  caf::anon_send(batcher, actors::listen_atom::value, router, gateway);
+
+  loop.on_frame(transport::decode_frames(loop, [&](transport::SocketId s, const std::string& peer, transport::Message&& m) {
+    if (s == backend) {
+      caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
+    } else {
+      forward_client_message(loop, frontend, router, peer, std::move(m));
+    }
+  }));
+  loop.on_undeliverable([&](transport::SocketId s, const std::string& peer) {
+    if (s == frontend) caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
+  });
+  loop.start();
+
+  // Local workers: the weights are shared per device, each has its own pool and threads.
+  std::vector<actors::worker_actor> local;
+  if (!devices.empty()) {
+    const int cpus = model::usable_cpus();
+    const auto budgets = model::split_thread_budget(cpus, static_cast<int>(devices.size()));
+    std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      auto& m = models[devices[i]];
+      if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
+      ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i]};
+      if (o.threads_per_worker > 0) wc.threads.intra_op_threads = o.threads_per_worker;
+      auto w = actors::spawn_worker(sys, actors::WorkerParams{[wc] { return make_model_runner(wc); }, true}, batcher);
+      local.push_back(w);
+      core::WorkerSpec spec{i + 1, "local", devices[i], sched};
+      caf::scoped_actor self{sys};
+      std::string err;
+      self->request(batcher, std::chrono::seconds(30), actors::wjoin_atom::value, spec, w)
+          .receive([&](const std::string& e) { err = e; }, [&](caf::error& e) { err = sys.render(e); });
+      if (!err.empty()) throw std::runtime_error("local worker " + std::to_string(i + 1) + ": " + err);
+    }
+  }
+  log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(local.size()) + " local worker(s); clients " +
+                        loop.endpoint(frontend) + ", workers " + loop.endpoint(backend));
+  if (!o.ready_file.empty()) {
+    std::ofstream rf(o.ready_file + ".tmp");
+    rf << "listen=" << loop.endpoint(frontend) << "\nworker_listen=" << loop.endpoint(backend) << "\n";
+    rf.close();
+    std::rename((o.ready_file + ".tmp").c_str(), o.ready_file.c_str());
+  }
+
+  // Serve until a termination signal, then drain.
+  while (!signals.wait(std::chrono::milliseconds(500))) {
+  }
+  log_line(o.quiet, "stopping: no new jobs; finishing the ones in flight");
+  caf::anon_send(router, actors::shutdown_atom::value);
+  const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
+  caf::scoped_actor self{sys};
+  for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
+    self->request(router, std::chrono::seconds(5), actors::idle_atom::value)
+        .receive([&](bool i) { idle = i; }, [&](caf::error&) { idle = true; });
+    if (!idle && signals.wait(std::chrono::milliseconds(100))) break;  // a second signal: stop now
+  }
+  loop.stop();
+  for (auto& w : local) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
+  sys.await_all_actors_done();
+  log_line(o.quiet, "stopped");
+  return 0;
+}
+
+}  // namespace troupe::cluster

@@ -1,0 +1,52 @@
+#pragma once
+// The head process (`troupe serve`): the router and the batcher, the client
+// socket (ZeroMQ ROUTER, the wire of transport/protocol.hpp), the backend
+// socket where worker nodes join, and any number of local workers. It runs
+// until SIGTERM or SIGINT, then stops taking jobs, finishes what is in flight
+// (bounded by drain_timeout) and exits 0.
+//
+//   clients ─▶ frontend ─▶ router ─▶ batcher ─▶ local workers (detached actors, the model)
+//                                       │  ▲
+//                                       ▼  │
+//              backend ◀─▶ gateway ◀─▶ proxies ◀─frames─▶ worker nodes (`troupe worker --join`)
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/batcher.hpp"
+#include "core/scheduler.hpp"
+#include "transport/socket_loop.hpp"
+
+namespace troupe::cluster {
+
+struct HeadOptions {
+  std::string model_dir;                            // the model (tokenizer, config; weights for local workers)
+  std::string listen = "tcp://127.0.0.1:5555";      // clients (port * = any free port)
+  std::string worker_listen = "tcp://127.0.0.1:5556";  // worker nodes
+  std::vector<std::string> devices = {"cpu"};       // one local worker per entry ("cpu", "cuda:0")
+  int32_t workers = 1;                              // local CPU workers when devices == {"cpu"}; 0 = head alone
+  int32_t threads_per_worker = 0;                   // 0 = the usable CPUs split among the local workers
+  core::SchedulerOptions scheduler;                 // budgets (seqs, tokens, block size, prefix caching);
+                                                    // the model's facts and the pool size are filled in
+  std::string kv_memory = "2GiB";                   // KV pool of each local worker
+  int32_t num_blocks = 0;                           // overrides kv_memory; 0 = from kv_memory
+  core::BatcherOptions batcher;
+  int32_t max_queue = 1024;                         // jobs waiting to start, at most; past it: busy
+  uint64_t seed = 0;                                // base of the seeds the router draws
+  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
+  std::optional<transport::CurveServerKeys> curve;  // both sockets; nullopt = plaintext
+  bool insecure = false;                            // allow a non-loopback bind without keys
+  std::chrono::milliseconds heartbeat{1000};        // with worker nodes
+  int liveness = 3;                                 // missed heartbeats before a node is lost (3..5)
+  std::chrono::seconds drain_timeout{60};           // at SIGTERM: how long in-flight jobs may take
+  std::string ready_file;                           // written with the bound endpoints once serving
+  bool quiet = false;                               // no log lines on stderr
+};
+
+// Runs the head until a termination signal. Returns the exit status.
+// Throws std::invalid_argument / std::runtime_error when it cannot start.
+int run_head(const HeadOptions& options);
+
+}  // namespace troupe::cluster

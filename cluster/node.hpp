@@ -1,0 +1,43 @@
+#pragma once
+// A worker node (`troupe worker --join`): one process that brings workers to
+// a head, on this host or another. It registers (model fingerprint, each
+// worker's KV pool), then runs the plans the head sends on its workers and
+// sends back their results, heartbeating on the same socket.
+//
+//   head ◀──frames──▶ SocketLoop thread ──(frame)──▶ node gateway ──(plan)──▶ workers (detached, the model)
+//                                        ◀──(result)── node gateway ◀──(result)──┘
+//
+// States: REGISTERING (register again with backoff until answered) → MEMBER
+// (heartbeats; the head silent for `liveness` intervals = lost: fresh
+// workers, new connection, REGISTERING) → DRAINING (SIGTERM: the head moves
+// what it can and lets the rest finish, then says shutdown) → exit.
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/socket_loop.hpp"
+
+namespace troupe::cluster {
+
+struct NodeOptions {
+  std::string join;                             // the head's worker endpoint, tcp://HOST:5556
+  std::string name;                             // this node in the head's status; "" = host:pid
+  std::string model_dir;
+  std::vector<std::string> devices = {"cpu"};   // one worker per entry
+  int32_t workers = 1;                          // CPU workers when devices == {"cpu"}
+  int32_t threads_per_worker = 0;               // 0 = usable CPUs split among the workers
+  std::string kv_memory = "2GiB";               // KV pool per worker
+  int32_t num_blocks = 0;                       // overrides kv_memory
+  int32_t block_size = 16;
+  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
+  std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
+  std::chrono::seconds drain_timeout{120};      // SIGTERM: exit after this even without the head's word
+  bool quiet = false;
+};
+
+// Runs the node until the head sends shutdown, refuses it (exit status 1),
+// or a termination signal has been handled (drain). Returns the exit status.
+int run_node(const NodeOptions& options);
+
+}  // namespace troupe::cluster

@@ -1,0 +1,66 @@
+#include "cluster/zmq_front.hpp"
+
+namespace troupe::cluster {
+
+std::string zmq_client_id(const std::string& peer) { return "z" + peer; }
+
+transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue) {
+  transport::StatusReply s;
+  for (const core::WorkerStats& w : r.batcher.workers) {
+    transport::WorkerStatus ws;
+    ws.id = static_cast<uint32_t>(w.id);
+    ws.node = w.node;
+    ws.device = w.device;
+    ws.state = w.state == core::WorkerState::kActive ? "ready" : "draining";
+    ws.kv_used = w.scheduler.blocks_used;
+    ws.kv_total = w.scheduler.blocks_used + w.scheduler.blocks_free;
+    ws.running = w.scheduler.num_running;
+    ws.waiting = w.scheduler.num_waiting;
+    ws.tokens_per_s = r.uptime_s > 0 ? static_cast<double>(w.tokens_generated) / r.uptime_s : 0.0;
+    s.workers.push_back(std::move(ws));
+  }
+  s.queue_depth = r.router.queued;
+  s.max_queue = max_queue;
+  s.requests_served = static_cast<uint64_t>(r.router.finished);
+  s.requests_running = static_cast<uint64_t>(r.router.running + r.router.queued);
+  s.requests_rejected = static_cast<uint64_t>(r.router.rejected);
+  s.uptime_s = r.uptime_s;
+  return s;
+}
+
+actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend, int32_t max_queue) {
+  return [&loop, frontend, max_queue](const actors::Reply& reply) {
+    if (reply.client.empty() || reply.client[0] != 'z') return;
+    const std::string peer = reply.client.substr(1);
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, actors::StatusReport>) {
+            loop.send_message(frontend, peer, to_wire(m, max_queue));
+          } else {
+            loop.send_message(frontend, peer, m);
+          }
+        },
+        reply.message);
+  };
+}
+
+void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend, const actors::router_actor& router,
+                            const std::string& peer, transport::Message&& message) {
+  const std::string client = zmq_client_id(peer);
+  if (auto* s = std::get_if<transport::Submit>(&message)) {
+    caf::anon_send(router, actors::submit_atom::value, client, std::move(*s));
+  } else if (auto* c = std::get_if<transport::Cancel>(&message)) {
+    caf::anon_send(router, actors::cancel_atom::value, client, c->tag);
+  } else if (std::holds_alternative<transport::Status>(message)) {
+    caf::anon_send(router, actors::status_atom::value, client);
+  } else if (!std::holds_alternative<transport::Error>(message)) {
+    loop.send_message(frontend, peer,
+                      transport::Error{transport::ErrorCode::kUnexpected,
+                                       std::string("the client socket does not take '") +
+                                           transport::type_name(message) + "'",
+                                       {}});
+  }
+}
+
+}  // namespace troupe::cluster

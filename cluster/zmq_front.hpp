@@ -1,0 +1,26 @@
+#pragma once
+// The ZeroMQ front: what the head does with client frames (submit, cancel,
+// status go to the router; anything else is answered with an error) and how
+// the router's replies go back to a client's routing id. A client's id for
+// the router is "z" + its ZeroMQ routing id, so several fronts (HTTP) can
+// share one router.
+#include <string>
+
+#include "actors/router_actor.hpp"
+#include "transport/socket_loop.hpp"
+
+namespace troupe::cluster {
+
+std::string zmq_client_id(const std::string& peer);
+
+// The wire form of a router status report.
+transport::StatusReply to_wire(const actors::StatusReport& report, int32_t max_queue);
+
+// Sends the router's replies for "z..." clients through `loop`'s `frontend`.
+actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend, int32_t max_queue);
+
+// On the loop thread: hands a client's message to the router.
+void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend, const actors::router_actor& router,
+                            const std::string& peer, transport::Message&& message);
+
+}  // namespace troupe::cluster
