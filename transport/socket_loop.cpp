@@ -368,11 +368,11 @@ void SocketLoop::Impl::serve_zap() {
     ++auth_accepted;
     return;
   }
-  ++auth_refused;
   uint64_t count = 0;
   if (auth_log.allow(&count))
     log("refused CurveZMQ client key=" + (d.client_key.empty() ? "-" : d.client_key) +
         " address=" + d.address + ": " + d.reason + " (" + std::to_string(count) + " so far)");
+  ++auth_refused;  // after the log line: whoever sees the count finds the line
 }
 
 void SocketLoop::Impl::drain_outbox() {
