@@ -43,42 +43,9 @@
 
 #include "transport/liveness.hpp"
 #include "transport/protocol.hpp"
+#include "transport/socket_options.hpp"
 
 namespace troupe::transport {
-
-using SocketId = int;  // the order of add_socket calls, from 0
-
-// A server's side of CurveZMQ.
-struct CurveServerKeys {
-  std::string secret_key;                    // Z85, this server's long-term secret key
-  std::vector<std::string> allowed_clients;  // Z85 public keys; no other client gets in (non-empty)
-};
-
-// A client's side of CurveZMQ.
-struct CurveClientKeys {
-  std::string public_key;  // Z85, this client's key pair
-  std::string secret_key;
-  std::string server_key;  // Z85 public key of the server it connects to
-};
-
-struct SocketOptions {
-  enum class Role {
-    kServer,  // ROUTER; binds `endpoint`
-    kClient,  // DEALER; connects to `endpoint`
-  };
-  Role role = Role::kServer;
-  std::string endpoint;  // "tcp://127.0.0.1:5555"; a server may bind port * (see SocketLoop::endpoint)
-  std::string name;      // in log lines ("frontend", "backend", "head")
-  std::optional<CurveServerKeys> curve_server;  // kServer only; nullopt = no encryption
-  std::optional<CurveClientKeys> curve_client;  // kClient only; nullopt = no encryption
-  bool insecure = false;       // kServer: allow a non-loopback endpoint without keys (--insecure)
-  int reconnect_ivl_ms = 100;  // kClient: first retry after a lost connection (ZMQ_RECONNECT_IVL)
-  int reconnect_ivl_max_ms =
-      5000;              // kClient: retries double up to this (ZMQ_RECONNECT_IVL_MAX); 0 = no doubling
-  int send_hwm = 10000;  // frames queued per peer; past it a send is dropped and reported; 0 = no limit
-  int recv_hwm = 10000;  // frames queued per peer on receipt; 0 = no limit
-  int tcp_heartbeat_ms = 2000;  // ZMTP PINGs: a connection silent 3x this long is dropped; 0 = off
-};
 
 struct LoopOptions {
   size_t max_frame_bytes = kDefaultMaxFrameBytes;  // bodies over this get an `error` (too_large) reply

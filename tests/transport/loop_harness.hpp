@@ -64,6 +64,8 @@ struct Endpoint {
       inbox.push({s, peer, std::move(m)});
     }));
   }
+  // The loop thread pushes into `inbox`: stop it before the members go.
+  ~Endpoint() { loop.stop(); }
   // The next message, or a failed test.
   Message next() {
     auto r = inbox.pop(kPatience);
