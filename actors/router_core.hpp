@@ -47,15 +47,15 @@ using transport::Timings;
 using transport::Tokens;
 
 struct RouterOptions {
-  int32_t max_queue = 1024;     // accepted requests not yet started, at most; >= 0
-  int32_t max_model_len = 1024; // prompt + max_tokens at most (the model's n_positions)
+  int32_t max_queue = 1024;      // accepted requests not yet started, at most; >= 0
+  int32_t max_model_len = 1024;  // prompt + max_tokens at most (the model's n_positions)
   int32_t vocab_size = 50257;
-  int32_t eos_id = 50256;       // -1 = none
-  uint64_t seed = 0;            // base of the seeds drawn for jobs that bring none
+  int32_t eos_id = 50256;  // -1 = none
+  uint64_t seed = 0;       // base of the seeds drawn for jobs that bring none
 };
 
-constexpr size_t kMaxStops = 16;           // stop strings per job
-constexpr size_t kMaxStopBytes = 1024;     // bytes per stop string
+constexpr size_t kMaxStops = 16;        // stop strings per job
+constexpr size_t kMaxStopBytes = 1024;  // bytes per stop string
 
 struct RouterStats {
   int64_t accepted = 0;

@@ -11,8 +11,9 @@ namespace {
 
 using nlohmann::json;
 
-const std::set<std::string> kFields = {"id",  "prompt", "prompt_ids", "max_tokens", "temperature", "top_k",
-                                       "top_p", "seed",  "stop",       "logprobs",   "ignore_eos",  "priority"};
+const std::set<std::string> kFields = {"id",          "prompt",   "prompt_ids", "max_tokens",
+                                       "temperature", "top_k",    "top_p",      "seed",
+                                       "stop",        "logprobs", "ignore_eos", "priority"};
 
 // An integer field within [lo, hi] of its type, or an error naming it: never
 // narrowed (JSON integers reach 2^64 - 1; larger ones parse as floats).
@@ -96,6 +97,5 @@ transport::Submit parse_job_json(const json& j) {
   if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
   return r;
 }
-
 
 }  // namespace troupe::cli

@@ -8,7 +8,8 @@ namespace troupe::cli {
 void add_scheduler_flags(CLI::App& app, SchedulerFlags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Running sequences per step at most (per worker)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-batched-tokens", f.max_batched_tokens, "Tokens per step at most (decodes + prompt chunks)")
+  app.add_option("--max-batched-tokens", f.max_batched_tokens,
+                 "Tokens per step at most (decodes + prompt chunks)")
       ->check(CLI::PositiveNumber);
   app.add_option("--block-size", f.block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
   app.add_option("--kv-memory", f.kv_memory, "KV cache memory per worker, e.g. 2GiB, 512MiB");

@@ -21,7 +21,7 @@ struct SchedulerFlags {
   std::string kv_memory = "2GiB";     // KV pool per worker
   int32_t num_blocks = 0;             // overrides kv_memory; 0 = from kv_memory
   bool no_prefix_caching = false;
-  uint64_t seed = 0;                  // base of the seeds for jobs that bring none
+  uint64_t seed = 0;  // base of the seeds for jobs that bring none
 };
 
 // Adds --max-num-seqs, --max-batched-tokens, --block-size, --kv-memory,

@@ -21,9 +21,9 @@ Client::Client(const ClientOptions& o) : loop_(loop_options(o)) {
   so.name = "head";
   so.curve_client = o.curve;
   socket_ = loop_.add_socket(so);
-  loop_.on_frame(transport::decode_frames(loop_, [this](transport::SocketId, const std::string&, transport::Message&& m) {
-    inbox_.push(std::move(m));
-  }));
+  loop_.on_frame(
+      transport::decode_frames(loop_, [this](transport::SocketId, const std::string&,
+                                             transport::Message&& m) { inbox_.push(std::move(m)); }));
   loop_.start();
 }
 
@@ -31,13 +31,16 @@ Client::~Client() { loop_.stop(); }
 
 bool Client::send(const transport::Message& message) { return loop_.send_message(socket_, {}, message); }
 
-std::optional<transport::Message> Client::next(std::chrono::milliseconds timeout) { return inbox_.pop(timeout); }
+std::optional<transport::Message> Client::next(std::chrono::milliseconds timeout) {
+  return inbox_.pop(timeout);
+}
 
 std::optional<transport::StatusReply> Client::status(std::chrono::milliseconds timeout) {
   if (!send(transport::Status{})) return std::nullopt;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return std::nullopt;
     auto m = next(left);
     if (!m) return std::nullopt;

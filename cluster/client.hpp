@@ -13,10 +13,10 @@
 namespace troupe::cluster {
 
 struct ClientOptions {
-  std::string endpoint;                                 // the head's client endpoint, tcp://HOST:5555
-  std::optional<transport::CurveClientKeys> curve;      // nullopt = plaintext
+  std::string endpoint;                             // the head's client endpoint, tcp://HOST:5555
+  std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
   size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
-  bool quiet = true;                                    // no log lines from the socket loop
+  bool quiet = true;  // no log lines from the socket loop
 };
 
 class Client {

@@ -17,8 +17,9 @@ struct ProxyState {
   static inline const char* name = "worker-proxy";
 };
 
-worker_actor::behavior_type proxy(worker_actor::stateful_pointer<ProxyState> self, transport::SocketLoop* loop,
-                                  transport::SocketId backend, std::string peer, uint32_t index) {
+worker_actor::behavior_type proxy(worker_actor::stateful_pointer<ProxyState> self,
+                                  transport::SocketLoop* loop, transport::SocketId backend, std::string peer,
+                                  uint32_t index) {
   self->state = ProxyState{loop, backend, std::move(peer), index};
   return {
       [=](actors::plan_atom, uint64_t, core::StepPlan& plan) {
@@ -32,7 +33,9 @@ struct GatewayState {
   GatewayConfig config;
   std::unique_ptr<Membership> members;
   actors::batcher_actor batcher;
-  std::map<uint64_t, worker_actor> proxies;  // by worker id
+  // By worker id; shared with the exit hook that stops them with the gateway.
+  std::shared_ptr<std::map<uint64_t, worker_actor>> proxies =
+      std::make_shared<std::map<uint64_t, worker_actor>>();
   static inline const char* name = "gateway";
 };
 
@@ -46,9 +49,9 @@ void send(Self self, const std::string& peer, const transport::Message& m) {
 
 void drop_proxy(Self self, uint64_t worker_id) {
   auto& st = self->state;
-  if (auto it = st.proxies.find(worker_id); it != st.proxies.end()) {
+  if (auto it = st.proxies->find(worker_id); it != st.proxies->end()) {
     caf::anon_send_exit(it->second, caf::exit_reason::user_shutdown);
-    st.proxies.erase(it);
+    st.proxies->erase(it);
   }
 }
 
@@ -79,7 +82,7 @@ void on_register(Self self, const std::string& peer, const transport::Register& 
     spec.scheduler.vocab_size = w.info.vocab_size;
     spec.scheduler.max_steps_in_flight = 2;
     auto handle = self->spawn(proxy, st.config.loop, st.config.backend, peer, w.info.index);
-    st.proxies.emplace(w.worker_id, handle);
+    st.proxies->emplace(w.worker_id, handle);
     const uint64_t id = w.worker_id;
     self->request(st.batcher, std::chrono::seconds(10), actors::wjoin_atom::value, spec, handle)
         .then(
@@ -90,8 +93,8 @@ void on_register(Self self, const std::string& peer, const transport::Register& 
             },
             [=](caf::error&) { drop_proxy(self, id); });
   }
-  st.config.loop->log("gateway: node '" + reg.node + "' joined with " + std::to_string(joined.workers.size()) +
-                      " worker(s)");
+  st.config.loop->log("gateway: node '" + reg.node + "' joined with " +
+                      std::to_string(joined.workers.size()) + " worker(s)");
   send(self, peer, joined.reply);
 }
 
@@ -102,7 +105,8 @@ void on_frame(Self self, const std::string& peer, transport::Message& m) {
   if (!st.members->on_message(peer, now)) {
     // Not (or no longer) a member: a lost node must register again.
     if (!std::holds_alternative<transport::Error>(m) && !std::holds_alternative<transport::Shutdown>(m)) {
-      send(self, peer, transport::Error{transport::ErrorCode::kUnexpected, "not a member: register first", {}});
+      send(self, peer,
+           transport::Error{transport::ErrorCode::kUnexpected, "not a member: register first", {}});
     }
     return;
   }
@@ -118,10 +122,12 @@ void on_frame(Self self, const std::string& peer, transport::Message& m) {
       st.members->forget_worker(id);
       lose(self, id);
     }
-  } else if (!std::holds_alternative<transport::Heartbeat>(m) && !std::holds_alternative<transport::Error>(m)) {
+  } else if (!std::holds_alternative<transport::Heartbeat>(m) &&
+             !std::holds_alternative<transport::Error>(m)) {
     send(self, peer,
          transport::Error{transport::ErrorCode::kUnexpected,
-                          std::string("the head's backend does not take '") + transport::type_name(m) + "'", {}});
+                          std::string("the head's backend does not take '") + transport::type_name(m) + "'",
+                          {}});
   }
 }
 
@@ -130,6 +136,9 @@ caf::behavior gateway(Self self, GatewayConfig config, actors::batcher_actor bat
   st.members = std::make_unique<Membership>(config.membership, config.first_worker_id);
   st.config = std::move(config);
   st.batcher = std::move(batcher);
+  self->attach_functor([proxies = st.proxies] {  // the proxies leave with the gateway
+    for (auto& [id, p] : *proxies) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
+  });
   self->send(self, actors::tick_atom::value);
   return {
       [=](frame_atom, const std::string& peer, transport::Message& m) { on_frame(self, peer, m); },

@@ -2,17 +2,17 @@
 
 #include <fstream>
 #include <iostream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "actors/batcher_actor.hpp"
 #include "actors/router_actor.hpp"
 #include "actors/worker_actor.hpp"
-#include "cluster/zmq_front.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/model_worker.hpp"
 #include "cluster/signals.hpp"
+#include "cluster/zmq_front.hpp"
 #include "model/cpu_count.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -44,7 +44,8 @@ int run_head(const HeadOptions& o) {
   sched.vocab_size = cfg.vocab_size;
   sched.eos_id = cfg.eos_token_id;
   sched.max_steps_in_flight = 2;
-  sched.num_blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, sched.block_size);
+  sched.num_blocks =
+      o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, sched.block_size);
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
 
   caf::actor_system_config caf_cfg;
@@ -75,7 +76,8 @@ int run_head(const HeadOptions& o) {
   ro.vocab_size = cfg.vocab_size;
   ro.eos_id = cfg.eos_token_id;
   ro.seed = o.seed;
-  actors::router_actor router = actors::spawn_router(sys, dir.tokenizer, ro, batcher, zmq_client_sink(loop, frontend, o.max_queue));
+  actors::router_actor router =
+      actors::spawn_router(sys, dir.tokenizer, ro, batcher, zmq_client_sink(loop, frontend, o.max_queue));
 
   const std::vector<std::string> devices = local_devices(o);
   GatewayConfig gc;
@@ -89,13 +91,14 @@ int run_head(const HeadOptions& o) {
   caf::actor gateway = spawn_gateway(sys, gc, batcher);
   caf::anon_send(batcher, actors::listen_atom::value, router, gateway);
 
-  loop.on_frame(transport::decode_frames(loop, [&](transport::SocketId s, const std::string& peer, transport::Message&& m) {
-    if (s == backend) {
-      caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
-    } else {
-      forward_client_message(loop, frontend, router, peer, std::move(m));
-    }
-  }));
+  loop.on_frame(transport::decode_frames(
+      loop, [&](transport::SocketId s, const std::string& peer, transport::Message&& m) {
+        if (s == backend) {
+          caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
+        } else {
+          forward_client_message(loop, frontend, router, peer, std::move(m));
+        }
+      }));
   loop.on_undeliverable([&](transport::SocketId s, const std::string& peer) {
     if (s == frontend) caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
   });
@@ -112,7 +115,8 @@ int run_head(const HeadOptions& o) {
       if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
       ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i]};
       if (o.threads_per_worker > 0) wc.threads.intra_op_threads = o.threads_per_worker;
-      auto w = actors::spawn_worker(sys, actors::WorkerParams{[wc] { return make_model_runner(wc); }, true}, batcher);
+      auto w = actors::spawn_worker(sys, actors::WorkerParams{[wc] { return make_model_runner(wc); }, true},
+                                    batcher);
       local.push_back(w);
       core::WorkerSpec spec{i + 1, "local", devices[i], sched};
       caf::scoped_actor self{sys};
@@ -122,8 +126,9 @@ int run_head(const HeadOptions& o) {
       if (!err.empty()) throw std::runtime_error("local worker " + std::to_string(i + 1) + ": " + err);
     }
   }
-  log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(local.size()) + " local worker(s); clients " +
-                        loop.endpoint(frontend) + ", workers " + loop.endpoint(backend));
+  log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(local.size()) +
+                        " local worker(s); clients " + loop.endpoint(frontend) + ", workers " +
+                        loop.endpoint(backend));
   if (!o.ready_file.empty()) {
     std::ofstream rf(o.ready_file + ".tmp");
     rf << "listen=" << loop.endpoint(frontend) << "\nworker_listen=" << loop.endpoint(backend) << "\n";
@@ -137,11 +142,17 @@ int run_head(const HeadOptions& o) {
   log_line(o.quiet, "stopping: no new jobs; finishing the ones in flight");
   caf::anon_send(router, actors::shutdown_atom::value);
   const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
-  caf::scoped_actor self{sys};
-  for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
-    self->request(router, std::chrono::seconds(5), actors::idle_atom::value)
-        .receive([&](bool i) { idle = i; }, [&](caf::error&) { idle = true; });
-    if (!idle && signals.wait(std::chrono::milliseconds(100))) break;  // a second signal: stop now
+  {
+    caf::scoped_actor self{sys};  // gone before await_all_actors_done (it counts as an actor)
+    for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
+      self->request(router, std::chrono::seconds(5), actors::idle_atom::value)
+          .receive([&](bool i) { idle = i; },
+                   [&](caf::error& e) {
+                     log_line(o.quiet, "router does not answer (" + sys.render(e) + "); stopping");
+                     idle = true;
+                   });
+      if (!idle && signals.wait(std::chrono::milliseconds(100))) break;  // a second signal: stop now
+    }
   }
   loop.stop();
   for (auto& w : local) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);

@@ -22,19 +22,19 @@
 namespace troupe::cluster {
 
 struct HeadOptions {
-  std::string model_dir;                            // the model (tokenizer, config; weights for local workers)
-  std::string listen = "tcp://127.0.0.1:5555";      // clients (port * = any free port)
+  std::string model_dir;                        // the model (tokenizer, config; weights for local workers)
+  std::string listen = "tcp://127.0.0.1:5555";  // clients (port * = any free port)
   std::string worker_listen = "tcp://127.0.0.1:5556";  // worker nodes
-  std::vector<std::string> devices = {"cpu"};       // one local worker per entry ("cpu", "cuda:0")
-  int32_t workers = 1;                              // local CPU workers when devices == {"cpu"}; 0 = head alone
-  int32_t threads_per_worker = 0;                   // 0 = the usable CPUs split among the local workers
-  core::SchedulerOptions scheduler;                 // budgets (seqs, tokens, block size, prefix caching);
-                                                    // the model's facts and the pool size are filled in
-  std::string kv_memory = "2GiB";                   // KV pool of each local worker
-  int32_t num_blocks = 0;                           // overrides kv_memory; 0 = from kv_memory
+  std::vector<std::string> devices = {"cpu"};          // one local worker per entry ("cpu", "cuda:0")
+  int32_t workers = 1;               // local CPU workers when devices == {"cpu"}; 0 = head alone
+  int32_t threads_per_worker = 0;    // 0 = the usable CPUs split among the local workers
+  core::SchedulerOptions scheduler;  // budgets (seqs, tokens, block size, prefix caching);
+                                     // the model's facts and the pool size are filled in
+  std::string kv_memory = "2GiB";    // KV pool of each local worker
+  int32_t num_blocks = 0;            // overrides kv_memory; 0 = from kv_memory
   core::BatcherOptions batcher;
-  int32_t max_queue = 1024;                         // jobs waiting to start, at most; past it: busy
-  uint64_t seed = 0;                                // base of the seeds the router draws
+  int32_t max_queue = 1024;  // jobs waiting to start, at most; past it: busy
+  uint64_t seed = 0;         // base of the seeds the router draws
   size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
   std::optional<transport::CurveServerKeys> curve;  // both sockets; nullopt = plaintext
   bool insecure = false;                            // allow a non-loopback bind without keys

@@ -11,9 +11,8 @@ Membership::Membership(const MembershipOptions& options, uint64_t first_worker_i
   (void)check;
 }
 
-std::variant<Membership::Joined, transport::Refused> Membership::on_register(const std::string& peer,
-                                                                             const transport::Register& reg,
-                                                                             transport::Clock::time_point now) {
+std::variant<Membership::Joined, transport::Refused> Membership::on_register(
+    const std::string& peer, const transport::Register& reg, transport::Clock::time_point now) {
   auto refuse = [](std::string why) { return transport::Refused{std::move(why)}; };
   if (reg.workers.empty()) return refuse("a node must bring at least one worker");
   if (reg.workers.size() > options_.max_workers_per_node) {

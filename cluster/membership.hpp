@@ -6,7 +6,8 @@
 //
 // A node's life:
 //
-//   register ──(fingerprint and shape agree)──▶ MEMBER ──drain──▶ DRAINING ──all drained──▶ shutdown sent, GONE
+//   register ──(fingerprint and shape agree)──▶ MEMBER ──drain──▶ DRAINING ──all drained──▶ shutdown sent,
+//   GONE
 //      │                                          │  ▲ any message = a beat                       ▲
 //      └──(disagree)──▶ refused                   └──┴──── silent for `liveness` intervals ───────┴─▶ LOST
 //
@@ -53,7 +54,8 @@ class Membership {
     transport::Registered reply;
     std::vector<uint64_t> replaced;
   };
-  std::variant<Joined, transport::Refused> on_register(const std::string& peer, const transport::Register& reg,
+  std::variant<Joined, transport::Refused> on_register(const std::string& peer,
+                                                       const transport::Register& reg,
                                                        transport::Clock::time_point now);
   // Anything from `peer` counts as a beat. False for a peer that is not a member.
   bool on_message(const std::string& peer, transport::Clock::time_point now);
@@ -87,8 +89,8 @@ class Membership {
   };
   MembershipOptions options_;
   uint64_t next_worker_id_;
-  std::map<std::string, Node> nodes_;                                // by peer
-  std::map<uint64_t, std::pair<std::string, uint32_t>> where_;      // worker id -> (peer, index)
+  std::map<std::string, Node> nodes_;                           // by peer
+  std::map<uint64_t, std::pair<std::string, uint32_t>> where_;  // worker id -> (peer, index)
 };
 
 }  // namespace troupe::cluster

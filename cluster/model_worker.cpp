@@ -29,7 +29,8 @@ actors::StepRunner make_model_runner(const ModelWorkerConfig& config) {
   return [owned](const core::StepPlan& plan) { return owned->executor.execute(plan); };
 }
 
-int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory, int32_t block_size) {
+int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory,
+                             int32_t block_size) {
   const int64_t blocks =
       model::PagedKvCache::blocks_for_memory(config, actors::parse_memory_size(kv_memory), block_size);
   if (blocks < 1) throw std::invalid_argument("--kv-memory " + kv_memory + " holds not even one KV block");

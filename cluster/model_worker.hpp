@@ -35,6 +35,7 @@ actors::StepRunner make_model_runner(const ModelWorkerConfig& config);
 
 // KV blocks that fit `kv_memory` bytes ("2GiB") for `config`; throws
 // std::invalid_argument when not even one block fits.
-int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory, int32_t block_size);
+int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory,
+                             int32_t block_size);
 
 }  // namespace troupe::cluster

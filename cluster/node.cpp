@@ -69,7 +69,8 @@ void respawn(Self self) {
   st.workers->clear();
   ++st.generation;
   for (auto& params : st.factories) {
-    st.workers->push_back(actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self)));
+    st.workers->push_back(
+        actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self)));
   }
 }
 
@@ -97,7 +98,8 @@ void on_frame(Self self, transport::Message& m) {
     if (st.phase != Phase::kRegistering) return;
     st.phase = Phase::kMember;
     st.backoff.reset();
-    st.liveness.emplace(transport::LivenessOptions{std::chrono::milliseconds(ok->heartbeat_ms), ok->liveness}, now);
+    st.liveness.emplace(transport::LivenessOptions{std::chrono::milliseconds(ok->heartbeat_ms), ok->liveness},
+                        now);
     std::string ids;
     for (const auto& w : ok->workers) ids += (ids.empty() ? "" : ", ") + std::to_string(w.worker_id);
     st.loop->log("node: registered; worker ids " + ids);
@@ -107,8 +109,8 @@ void on_frame(Self self, transport::Message& m) {
   } else if (auto* plan = std::get_if<transport::Plan>(&m)) {
     if (plan->worker >= st.workers->size()) {
       send(self, transport::Error{transport::ErrorCode::kBadField,
-                                  "plan for worker index " + std::to_string(plan->worker) + "; this node has " +
-                                      std::to_string(st.workers->size()),
+                                  "plan for worker index " + std::to_string(plan->worker) +
+                                      "; this node has " + std::to_string(st.workers->size()),
                                   {}});
       return;
     }
@@ -144,7 +146,8 @@ node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport
   return {
       [=](actors::result_atom, uint64_t id, core::StepResult& result) {
         auto& s = self->state;
-        if ((id >> 32) != s.generation || s.phase == Phase::kRegistering) return;  // from workers since replaced
+        if ((id >> 32) != s.generation || s.phase == Phase::kRegistering)
+          return;  // from workers since replaced
         send(self, transport::Result{static_cast<uint32_t>(id & 0xffffffffu), std::move(result)});
       },
       [=](frame_atom, const std::string&, transport::Message& m) { on_frame(self, m); },
@@ -156,7 +159,8 @@ node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport
         if (s.liveness && s.phase != Phase::kRegistering) {
           if (s.liveness->lost(now)) {
             if (s.phase == Phase::kDraining) return finish(self, 0);  // nobody to hand back to
-            head_lost(self, "no word from the head for " + std::to_string(s.liveness->missed(now)) + " heartbeats");
+            head_lost(self,
+                      "no word from the head for " + std::to_string(s.liveness->missed(now)) + " heartbeats");
           } else if (s.liveness->due_heartbeat(now)) {
             send(self, transport::Heartbeat{});
           }
@@ -191,7 +195,8 @@ int run_node(const NodeOptions& o) {
   SignalWaiter signals;  // before any thread starts
   model::ModelDir dir = model::load_model_dir(o.model_dir);
   const model::Gpt2Config& cfg = dir.config;
-  const int32_t blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size);
+  const int32_t blocks =
+      o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size);
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
   std::vector<std::string> devices = o.devices;
   if (devices.size() == 1 && devices[0] == "cpu") devices.assign(static_cast<size_t>(o.workers), "cpu");
@@ -238,13 +243,14 @@ int run_node(const NodeOptions& o) {
   auto exit = std::make_shared<std::promise<int>>();
   std::future<int> exited = exit->get_future();
   auto gw = sys.spawn(node, &loop, socket, reg, factories, exit, o.drain_timeout);
-  loop.on_frame(transport::decode_frames(loop, [gw](transport::SocketId, const std::string& peer, transport::Message&& m) {
-    caf::anon_send(gw, frame_atom::value, peer, std::move(m));
-  }));
+  loop.on_frame(transport::decode_frames(
+      loop, [gw](transport::SocketId, const std::string& peer, transport::Message&& m) {
+        caf::anon_send(gw, frame_atom::value, peer, std::move(m));
+      }));
   loop.start();
   if (!o.quiet) {
-    std::cerr << "troupe worker: node '" << reg.node << "' with " << devices.size() << " worker(s), " << blocks
-              << " KV blocks each, joining " << o.join << std::endl;
+    std::cerr << "troupe worker: node '" << reg.node << "' with " << devices.size() << " worker(s), "
+              << blocks << " KV blocks each, joining " << o.join << std::endl;
   }
   int status = 0;
   bool draining = false;

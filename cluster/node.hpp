@@ -21,18 +21,18 @@
 namespace troupe::cluster {
 
 struct NodeOptions {
-  std::string join;                             // the head's worker endpoint, tcp://HOST:5556
-  std::string name;                             // this node in the head's status; "" = host:pid
+  std::string join;  // the head's worker endpoint, tcp://HOST:5556
+  std::string name;  // this node in the head's status; "" = host:pid
   std::string model_dir;
-  std::vector<std::string> devices = {"cpu"};   // one worker per entry
-  int32_t workers = 1;                          // CPU workers when devices == {"cpu"}
-  int32_t threads_per_worker = 0;               // 0 = usable CPUs split among the workers
-  std::string kv_memory = "2GiB";               // KV pool per worker
-  int32_t num_blocks = 0;                       // overrides kv_memory
+  std::vector<std::string> devices = {"cpu"};  // one worker per entry
+  int32_t workers = 1;                         // CPU workers when devices == {"cpu"}
+  int32_t threads_per_worker = 0;              // 0 = usable CPUs split among the workers
+  std::string kv_memory = "2GiB";              // KV pool per worker
+  int32_t num_blocks = 0;                      // overrides kv_memory
   int32_t block_size = 16;
   size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
   std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
-  std::chrono::seconds drain_timeout{120};      // SIGTERM: exit after this even without the head's word
+  std::chrono::seconds drain_timeout{120};          // SIGTERM: exit after this even without the head's word
   bool quiet = false;
 };
 

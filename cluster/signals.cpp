@@ -1,42 +1,45 @@
 #include "cluster/signals.hpp"
 
-#include <pthread.h>
 #include <signal.h>
 
-#include <cerrno>
-#include <ctime>
+#include <atomic>
+#include <thread>
 
 namespace troupe::cluster {
 namespace {
 
-sigset_t termination_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
+// The last termination signal taken, 0 when none is pending. A handler
+// rather than a signal mask: threads started before the waiter (libgomp's,
+// OpenBLAS's) would otherwise take the signal with its default action.
+std::atomic<int> pending{0};
+
+void on_signal(int sig) { pending.store(sig); }
+
+struct sigaction previous_int, previous_term;
 
 }  // namespace
 
 SignalWaiter::SignalWaiter() {
-  const sigset_t set = termination_signals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  struct sigaction sa = {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, &previous_int);
+  sigaction(SIGTERM, &sa, &previous_term);
 }
 
 SignalWaiter::~SignalWaiter() {
-  const sigset_t set = termination_signals();
-  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  sigaction(SIGINT, &previous_int, nullptr);
+  sigaction(SIGTERM, &previous_term, nullptr);
 }
 
 std::optional<int> SignalWaiter::wait(std::chrono::milliseconds timeout) {
-  const sigset_t set = termination_signals();
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  ts.tv_nsec = static_cast<long>((timeout.count() % 1000) * 1000000);
-  const int sig = sigtimedwait(&set, nullptr, &ts);
-  if (sig < 0) return std::nullopt;  // EAGAIN (timeout) or EINTR
-  return sig;
+  const auto step = std::chrono::milliseconds(20);
+  for (auto waited = std::chrono::milliseconds(0);; waited += step) {
+    if (int sig = pending.exchange(0); sig != 0) return sig;
+    if (waited >= timeout) return std::nullopt;
+    std::this_thread::sleep_for(step);
+  }
 }
 
 }  // namespace troupe::cluster

@@ -1,9 +1,7 @@
 #pragma once
-// Termination signals as events: construct first thing in main() (before any
-// thread starts, so every thread inherits the mask), then poll wait() from
-// the main thread. SIGINT and SIGTERM are blocked in every thread and taken
-// here, synchronously (sigtimedwait), so no handler runs in an arbitrary
-// thread mid-allocation.
+// Termination signals as events: while a SignalWaiter lives, SIGINT and
+// SIGTERM only set a flag (an async-signal-safe handler, whichever thread
+// takes them), and the main thread polls wait() to act on them.
 #include <chrono>
 #include <optional>
 
@@ -11,8 +9,8 @@ namespace troupe::cluster {
 
 class SignalWaiter {
  public:
-  SignalWaiter();   // blocks SIGINT and SIGTERM in this thread (and all it starts)
-  ~SignalWaiter();  // restores the mask
+  SignalWaiter();   // installs the handler for SIGINT and SIGTERM
+  ~SignalWaiter();  // restores the previous handlers
   SignalWaiter(const SignalWaiter&) = delete;
   SignalWaiter& operator=(const SignalWaiter&) = delete;
 

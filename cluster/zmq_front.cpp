@@ -28,7 +28,8 @@ transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue)
   return s;
 }
 
-actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend, int32_t max_queue) {
+actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend,
+                                   int32_t max_queue) {
   return [&loop, frontend, max_queue](const actors::Reply& reply) {
     if (reply.client.empty() || reply.client[0] != 'z') return;
     const std::string peer = reply.client.substr(1);
@@ -45,8 +46,9 @@ actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::Socke
   };
 }
 
-void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend, const actors::router_actor& router,
-                            const std::string& peer, transport::Message&& message) {
+void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend,
+                            const actors::router_actor& router, const std::string& peer,
+                            transport::Message&& message) {
   const std::string client = zmq_client_id(peer);
   if (auto* s = std::get_if<transport::Submit>(&message)) {
     caf::anon_send(router, actors::submit_atom::value, client, std::move(*s));

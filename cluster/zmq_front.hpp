@@ -17,10 +17,12 @@ std::string zmq_client_id(const std::string& peer);
 transport::StatusReply to_wire(const actors::StatusReport& report, int32_t max_queue);
 
 // Sends the router's replies for "z..." clients through `loop`'s `frontend`.
-actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend, int32_t max_queue);
+actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend,
+                                   int32_t max_queue);
 
 // On the loop thread: hands a client's message to the router.
-void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend, const actors::router_actor& router,
-                            const std::string& peer, transport::Message&& message);
+void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend,
+                            const actors::router_actor& router, const std::string& peer,
+                            transport::Message&& message);
 
 }  // namespace troupe::cluster

@@ -1,0 +1,171 @@
+// troupe serve | worker | keygen: the head, a worker node, and CurveZMQ keys.
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/command.hpp"
+#include "cli/scheduler_flags.hpp"
+#include "cluster/head.hpp"
+#include "cluster/node.hpp"
+#include "transport/curve_keys.hpp"
+#include "transport/endpoint_policy.hpp"
+
+namespace troupe::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) throw std::invalid_argument("empty entry in the list '" + text + "'");
+    parse_device(item);  // checks it
+    out.push_back(item);
+  }
+  if (out.empty()) throw std::invalid_argument("--devices needs at least one device");
+  return out;
+}
+
+struct ServeFlags {
+  cluster::HeadOptions head;
+  SchedulerFlags sched;
+  std::string devices, placement = "prefix-affinity", secret_key, allowed_keys;
+  int heartbeat_ms = 1000, drain_timeout_s = 60;
+  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
+};
+
+int run_serve(ServeFlags f) {
+  cluster::HeadOptions& h = f.head;
+  if (!f.devices.empty()) h.devices = split_list(f.devices);
+  h.scheduler.max_num_seqs = f.sched.max_num_seqs;
+  h.scheduler.max_num_batched_tokens = f.sched.max_batched_tokens;
+  h.scheduler.block_size = f.sched.block_size;
+  h.scheduler.enable_prefix_caching = !f.sched.no_prefix_caching;
+  h.kv_memory = f.sched.kv_memory;
+  h.num_blocks = f.sched.num_blocks;
+  h.seed = f.sched.seed;
+  h.batcher.placement = core::parse_placement(f.placement);
+  h.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
+  h.drain_timeout = std::chrono::seconds(f.drain_timeout_s);
+  h.max_frame_bytes = f.max_frame_bytes;
+  if (f.secret_key.empty() != f.allowed_keys.empty()) {
+    throw std::invalid_argument("CurveZMQ needs both --curve-secret-key and --curve-allowed-keys");
+  }
+  if (!f.secret_key.empty()) {
+    h.curve = transport::CurveServerKeys{transport::read_secret_key_file(f.secret_key).secret_key,
+                                         transport::read_public_keys(f.allowed_keys)};
+  }
+  transport::check_bind_security(h.listen, h.curve.has_value(), h.insecure);
+  transport::check_bind_security(h.worker_listen, h.curve.has_value(), h.insecure);
+  return cluster::run_head(h);
+}
+
+struct WorkerFlags {
+  cluster::NodeOptions node;
+  std::string devices, secret_key, server_key;
+  int drain_timeout_s = 120;
+};
+
+int run_worker(WorkerFlags f) {
+  cluster::NodeOptions& n = f.node;
+  if (!f.devices.empty()) n.devices = split_list(f.devices);
+  n.drain_timeout = std::chrono::seconds(f.drain_timeout_s);
+  if (f.secret_key.empty() != f.server_key.empty()) {
+    throw std::invalid_argument(
+        "CurveZMQ needs both --curve-secret-key (this node's keys) and --curve-server-key");
+  }
+  if (!f.secret_key.empty()) {
+    const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
+    n.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key,
+                                         transport::load_public_key(f.server_key)};
+  }
+  return cluster::run_node(n);
+}
+
+void add_curve_server_flags(CLI::App* sub, ServeFlags& f) {
+  sub->add_option("--curve-secret-key", f.secret_key,
+                  "CurveZMQ: this server's secret key file (troupe keygen)");
+  sub->add_option(
+      "--curve-allowed-keys", f.allowed_keys,
+      "CurveZMQ: public keys of the clients and worker nodes let in (a .pub file, a file of keys, "
+      "or a folder of .pub files)");
+  sub->add_flag("--insecure", f.head.insecure, "Allow binding a non-loopback address without CurveZMQ keys");
+}
+
+}  // namespace
+
+void add_cluster_commands(CLI::App& app, Registry& registry) {
+  {
+    auto* sub =
+        app.add_subcommand("serve", "Run the head (router + batcher) and local workers until SIGTERM");
+    auto f = std::make_shared<ServeFlags>();
+    cluster::HeadOptions& h = f->head;
+    sub->add_option("--model", h.model_dir, "Model folder")->required();
+    sub->add_option("--listen", h.listen, "Client endpoint (port * = any free port)");
+    sub->add_option("--worker-listen", h.worker_listen, "Endpoint where worker nodes join");
+    sub->add_option("--workers", h.workers, "Local CPU workers (0 = a head alone)")->check(CLI::Range(0, 64));
+    sub->add_option("--devices", f->devices, "Local workers, one per device: cpu or cuda:0,cuda:1");
+    sub->add_option("--threads-per-worker", h.threads_per_worker,
+                    "Threads of each local worker (0 = the usable CPUs split among them)")
+        ->check(CLI::NonNegativeNumber);
+    add_scheduler_flags(*sub, f->sched);
+    sub->add_option("--max-queue", h.max_queue,
+                    "Jobs waiting to start at most; past it a job gets 'busy' at once")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--placement", f->placement, "round-robin | least-loaded | prefix-affinity");
+    sub->add_option("--max-frame-bytes", f->max_frame_bytes, "Largest frame accepted");
+    sub->add_option("--heartbeat-ms", f->heartbeat_ms, "Heartbeat interval with worker nodes")
+        ->check(CLI::Range(50, 60000));
+    sub->add_option("--liveness", h.liveness, "Missed heartbeats before a worker node is lost")
+        ->check(CLI::Range(3, 5));
+    sub->add_option("--drain-timeout", f->drain_timeout_s, "At SIGTERM: seconds in-flight jobs may take")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--ready-file", h.ready_file, "Write the bound endpoints here once serving");
+    sub->add_flag("--quiet", h.quiet, "No log lines");
+    add_curve_server_flags(sub, *f);
+    registry.push_back({sub, [f] { return run_serve(*f); }});
+  }
+  {
+    auto* sub = app.add_subcommand("worker", "Bring workers to a head (this host or another) until SIGTERM");
+    auto f = std::make_shared<WorkerFlags>();
+    cluster::NodeOptions& n = f->node;
+    sub->add_option("--join", n.join, "The head's worker endpoint, tcp://HOST:5556")->required();
+    sub->add_option("--model", n.model_dir, "Model folder (the same model as the head's)")->required();
+    sub->add_option("--workers", n.workers, "CPU workers")->check(CLI::Range(1, 64));
+    sub->add_option("--devices", f->devices, "Workers, one per device: cpu or cuda:0,cuda:1");
+    sub->add_option("--threads-per-worker", n.threads_per_worker,
+                    "Threads of each worker (0 = split the CPUs)")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--kv-memory", n.kv_memory, "KV cache memory per worker, e.g. 2GiB");
+    sub->add_option("--num-blocks", n.num_blocks, "KV blocks per worker (overrides --kv-memory)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--block-size", n.block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
+    sub->add_option("--name", n.name, "This node's name in the head's status (default host:pid)");
+    sub->add_option("--max-frame-bytes", n.max_frame_bytes, "Largest frame accepted");
+    sub->add_option("--drain-timeout", f->drain_timeout_s,
+                    "At SIGTERM: leave after this many seconds at most")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--curve-secret-key", f->secret_key,
+                    "CurveZMQ: this node's secret key file (troupe keygen)");
+    sub->add_option("--curve-server-key", f->server_key,
+                    "CurveZMQ: the head's public key (or its .pub file)");
+    sub->add_flag("--quiet", n.quiet, "No log lines");
+    registry.push_back({sub, [f] { return run_worker(*f); }});
+  }
+  {
+    auto* sub =
+        app.add_subcommand("keygen", "Make a CurveZMQ key pair: NAME.key (secret, mode 0600) and NAME.pub");
+    auto name = std::make_shared<std::string>();
+    sub->add_option("--out", *name, "Path prefix of the two files")->required();
+    registry.push_back({sub, [name] {
+                          const transport::KeyPair k = transport::generate_keypair();
+                          transport::write_secret_key_file(*name + ".key", k);
+                          transport::write_public_key_file(*name + ".pub", k.public_key);
+                          std::printf("%s.key (secret) and %s.pub: %s\n", name->c_str(), name->c_str(),
+                                      k.public_key.c_str());
+                          return 0;
+                        }});
+  }
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,398 @@
+// troupe submit | status: a client of a running head.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.hpp"
+#include "cli/job_json.hpp"
+#include "cluster/client.hpp"
+#include "core/request.hpp"
+#include "transport/curve_keys.hpp"
+
+namespace troupe::cli {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct ClientFlags {
+  std::string to = "tcp://127.0.0.1:5555", server_key, secret_key;
+  double timeout_s = 120;  // silence from the head after which the client gives up
+};
+
+void add_client_flags(CLI::App* sub, ClientFlags& f) {
+  sub->add_option("--to", f.to, "The head's client endpoint");
+  sub->add_option("--curve-server-key", f.server_key, "CurveZMQ: the head's public key (or its .pub file)");
+  sub->add_option("--curve-secret-key", f.secret_key,
+                  "CurveZMQ: this client's secret key file (troupe keygen)");
+  sub->add_option("--timeout", f.timeout_s, "Seconds of silence from the head before giving up")
+      ->check(CLI::PositiveNumber);
+}
+
+cluster::ClientOptions client_options(const ClientFlags& f) {
+  cluster::ClientOptions o;
+  o.endpoint = f.to;
+  if (f.server_key.empty() != f.secret_key.empty()) {
+    throw std::invalid_argument("CurveZMQ needs both --curve-server-key and --curve-secret-key");
+  }
+  if (!f.server_key.empty()) {
+    const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
+    o.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key,
+                                         transport::load_public_key(f.server_key)};
+  }
+  return o;
+}
+
+std::chrono::milliseconds timeout_of(const ClientFlags& f) {
+  return std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// One job's result as a JSON line (the format of `troupe batch`, plus timings).
+struct Outcome {
+  json id;
+  std::string text;
+  std::vector<int32_t> ids;
+  json logprobs = json::array();
+  std::optional<transport::Finished> finished;
+  std::optional<std::string> error;  // rejected, or failed before finishing
+  int busy_retries = 0;
+
+  bool ok() const { return finished && finished->finish_reason != core::FinishReason::kError && !error; }
+  json line() const {
+    if (error) return json{{"id", id}, {"error", *error}};
+    json o{{"id", id},
+           {"ids", ids},
+           {"text", text},
+           {"finish_reason", core::to_string(finished->finish_reason)},
+           {"usage",
+            {{"prompt_tokens", finished->usage.prompt_tokens},
+             {"completion_tokens", finished->usage.completion_tokens},
+             {"cached_tokens", finished->usage.cached_tokens}}},
+           {"timings",
+            {{"queue_ms", finished->timings.queue_ms},
+             {"ttft_ms", finished->timings.ttft_ms},
+             {"e2e_ms", finished->timings.e2e_ms}}}};
+    if (finished->finish_reason == core::FinishReason::kError) o["error"] = finished->error;
+    if (!logprobs.empty()) o["logprobs"] = logprobs;
+    return o;
+  }
+  // Applies one message about this job; true when it is the last one.
+  bool apply(const transport::Message& m) {
+    if (auto* t = std::get_if<transport::Tokens>(&m)) {
+      text += t->text;
+      ids.insert(ids.end(), t->ids.begin(), t->ids.end());
+      for (size_t i = 0; i < t->logprobs.size() && i < t->ids.size(); ++i) {
+        json top = json::array();
+        for (const auto& [tid, lp] : t->logprobs[i].top) top.push_back({tid, lp});
+        logprobs.push_back({{"id", t->ids[i]}, {"logprob", t->logprobs[i].logprob}, {"top", top}});
+      }
+      return false;
+    }
+    if (auto* f = std::get_if<transport::Finished>(&m)) {
+      text += f->text;
+      finished = *f;
+      return true;
+    }
+    if (auto* r = std::get_if<transport::Rejected>(&m)) {
+      error = std::string(transport::to_string(r->code)) + ": " + r->message;
+      return true;
+    }
+    if (auto* e = std::get_if<transport::Error>(&m)) {
+      error = std::string(transport::to_string(e->code)) + ": " + e->message;
+      return true;
+    }
+    return false;
+  }
+};
+
+std::optional<uint64_t> tag_of(const transport::Message& m) {
+  return std::visit(
+      [](const auto& x) -> std::optional<uint64_t> {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, transport::Error>) {
+          return x.tag;
+        } else if constexpr (std::is_same_v<T, transport::Accepted> ||
+                             std::is_same_v<T, transport::Rejected> || std::is_same_v<T, transport::Tokens> ||
+                             std::is_same_v<T, transport::Finished>) {
+          return x.tag;
+        } else {
+          return std::nullopt;
+        }
+      },
+      m);
+}
+
+struct SubmitFlags {
+  ClientFlags client;
+  std::string prompt, input, output;
+  transport::Submit job;  // sampling flags of the single-prompt form
+  int32_t max_in_flight = 0;
+  bool json_out = false, quiet = false;
+};
+
+int submit_one(const SubmitFlags& f) {
+  cluster::Client client(client_options(f.client));
+  transport::Submit job = f.job;
+  job.tag = 1;
+  job.prompt = f.prompt;
+  Outcome out;
+  const auto silence = timeout_of(f.client);
+  for (;;) {
+    if (!client.send(job)) throw std::runtime_error("cannot send to " + f.client.to);
+    bool done = false, busy = false;
+    while (!done) {
+      auto m = client.next(silence);
+      if (!m)
+        throw std::runtime_error("no answer from the head at " + f.client.to + " for " +
+                                 std::to_string(f.client.timeout_s) + " s (is `troupe serve` running?)");
+      if (tag_of(*m) != std::optional<uint64_t>(1)) continue;
+      if (auto* r = std::get_if<transport::Rejected>(&*m);
+          r && r->code == transport::RejectCode::kBusy && out.busy_retries < 100) {
+        busy = true;
+        break;
+      }
+      if (auto* t = std::get_if<transport::Tokens>(&*m); t && !f.json_out) {
+        std::fwrite(t->text.data(), 1, t->text.size(), stdout);
+        std::fflush(stdout);
+      }
+      done = out.apply(*m);
+    }
+    if (!busy) break;
+    ++out.busy_retries;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (f.json_out) {
+    out.id = 1;
+    std::printf("%s\n", dump(out.line()).c_str());
+  } else {
+    if (out.finished) std::fwrite(out.finished->text.data(), 1, out.finished->text.size(), stdout);
+    std::printf("\n");
+    if (out.error) {
+      std::fprintf(stderr, "troupe submit: %s\n", out.error->c_str());
+    } else if (out.finished && !f.quiet) {
+      const auto& fin = *out.finished;
+      std::fprintf(
+          stderr,
+          "[%s | %d prompt + %d generated tokens | queue %.1f ms, first token %.1f ms, total %.1f ms]\n",
+          core::to_string(fin.finish_reason), fin.usage.prompt_tokens, fin.usage.completion_tokens,
+          fin.timings.queue_ms, fin.timings.ttft_ms, fin.timings.e2e_ms);
+      if (fin.finish_reason == core::FinishReason::kError)
+        std::fprintf(stderr, "error: %s\n", fin.error.c_str());
+    }
+  }
+  return out.ok() ? 0 : 1;
+}
+
+int submit_file(const SubmitFlags& f) {
+  std::ifstream in(f.input);
+  if (!in) throw std::invalid_argument("cannot read --input '" + f.input + "'");
+  std::ofstream outf(f.output);
+  if (!outf) throw std::invalid_argument("cannot write --output '" + f.output + "'");
+  std::vector<Outcome> jobs;
+  std::vector<std::optional<transport::Submit>> submits;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Outcome o;
+    o.id = static_cast<int64_t>(jobs.size() + 1);
+    std::optional<transport::Submit> s;
+    try {
+      json j = json::parse(line);
+      if (j.is_object() && j.contains("id")) o.id = j["id"];
+      s = parse_job_json(j);
+      s->tag = jobs.size() + 1;
+    } catch (const std::exception& e) {
+      o.error = e.what();
+    }
+    jobs.push_back(std::move(o));
+    submits.push_back(std::move(s));
+  }
+
+  cluster::Client client(client_options(f.client));
+  const size_t limit = f.max_in_flight > 0 ? static_cast<size_t>(f.max_in_flight) : jobs.size();
+  size_t next = 0, in_flight = 0, done = 0, written = 0;
+  int64_t tokens = 0;
+  std::map<Clock::time_point, size_t> retry_at;  // busy jobs, sent again later
+  const bool tty = isatty(STDERR_FILENO) && !f.quiet;
+  const auto start = Clock::now();
+  auto last_bar = start;
+  auto flush_ready = [&] {
+    while (written < jobs.size() && (jobs[written].finished || jobs[written].error)) {
+      outf << dump(jobs[written++].line()) << '\n';
+    }
+    outf.flush();
+  };
+  for (size_t i = 0; i < jobs.size(); ++i) done += jobs[i].error ? 1 : 0;
+  flush_ready();
+  const auto silence = timeout_of(f.client);
+  auto last_heard = Clock::now();
+  while (done < jobs.size()) {
+    while (in_flight < limit && next < jobs.size()) {
+      if (submits[next]) {
+        client.send(*submits[next]);
+        ++in_flight;
+      }
+      ++next;
+    }
+    const auto now = Clock::now();
+    while (!retry_at.empty() && retry_at.begin()->first <= now && in_flight < limit) {
+      client.send(*submits[retry_at.begin()->second]);
+      ++in_flight;
+      retry_at.erase(retry_at.begin());
+    }
+    auto m = client.next(std::chrono::milliseconds(100));
+    if (!m) {
+      if (Clock::now() - last_heard > silence && in_flight > 0) {
+        throw std::runtime_error("no answer from the head at " + f.client.to + " for " +
+                                 std::to_string(f.client.timeout_s) + " s");
+      }
+    } else {
+      last_heard = Clock::now();
+      const auto tag = tag_of(*m);
+      if (tag && *tag >= 1 && *tag <= jobs.size()) {
+        Outcome& o = jobs[*tag - 1];
+        if (auto* r = std::get_if<transport::Rejected>(&*m);
+            r && r->code == transport::RejectCode::kBusy && o.busy_retries < 1000) {
+          ++o.busy_retries;
+          --in_flight;
+          retry_at.emplace(Clock::now() + std::chrono::milliseconds(100 + 10 * o.busy_retries), *tag - 1);
+        } else {
+          if (auto* t = std::get_if<transport::Tokens>(&*m)) tokens += static_cast<int64_t>(t->ids.size());
+          if (o.apply(*m)) {
+            --in_flight;
+            ++done;
+            flush_ready();
+          }
+        }
+      }
+    }
+    if (tty && Clock::now() - last_bar > std::chrono::milliseconds(200)) {
+      last_bar = Clock::now();
+      const double secs = std::chrono::duration<double>(last_bar - start).count();
+      const int width = 30, fill = static_cast<int>(width * done / std::max<size_t>(1, jobs.size()));
+      std::string bar(fill, '#');
+      bar.resize(width, '.');
+      std::fprintf(stderr, "\r[%s] %zu/%zu jobs | %zu in flight | %lld tokens | %.1f tok/s", bar.c_str(),
+                   done, jobs.size(), in_flight, static_cast<long long>(tokens),
+                   secs > 0 ? tokens / secs : 0.0);
+    }
+  }
+  flush_ready();
+  size_t failed = 0;
+  for (const auto& o : jobs) failed += o.ok() ? 0 : 1;
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!f.quiet) {
+    std::fprintf(stderr,
+                 "%sjobs: %zu (%zu ok, %zu failed) | output tokens: %lld | %.2f s | %.1f output tok/s\n",
+                 tty ? "\n" : "", jobs.size(), jobs.size() - failed, failed, static_cast<long long>(tokens),
+                 secs, secs > 0 ? tokens / secs : 0.0);
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+int run_status(const ClientFlags& f, bool json_out) {
+  cluster::Client client(client_options(f));
+  auto st = client.status(timeout_of(f));
+  if (!st) throw std::runtime_error("no status from the head at " + f.to + " (is `troupe serve` running?)");
+  if (json_out) {
+    json workers = json::array();
+    for (const auto& w : st->workers) {
+      workers.push_back({{"id", w.id},
+                         {"node", w.node},
+                         {"device", w.device},
+                         {"state", w.state},
+                         {"kv_used", w.kv_used},
+                         {"kv_total", w.kv_total},
+                         {"running", w.running},
+                         {"waiting", w.waiting},
+                         {"tokens_per_s", w.tokens_per_s}});
+    }
+    std::printf("%s\n", dump(json{{"workers", workers},
+                                  {"queue_depth", st->queue_depth},
+                                  {"max_queue", st->max_queue},
+                                  {"requests_served", st->requests_served},
+                                  {"requests_running", st->requests_running},
+                                  {"requests_rejected", st->requests_rejected},
+                                  {"uptime_s", st->uptime_s}})
+                            .c_str());
+    return 0;
+  }
+  std::printf("%-6s %-24s %-8s %-9s %15s %8s %8s %10s\n", "worker", "node", "device", "state",
+              "KV used/total", "running", "waiting", "tokens/s");
+  for (const auto& w : st->workers) {
+    const std::string kv = std::to_string(w.kv_used) + "/" + std::to_string(w.kv_total);
+    std::printf("%-6u %-24s %-8s %-9s %15s %8d %8d %10.1f\n", w.id, w.node.c_str(), w.device.c_str(),
+                w.state.c_str(), kv.c_str(), w.running, w.waiting, w.tokens_per_s);
+  }
+  if (st->workers.empty()) std::printf("(no workers: jobs wait for one)\n");
+  std::printf(
+      "queue: %lld waiting (max %lld) | requests: %llu served, %llu in flight, %llu rejected | up %.0f s\n",
+      static_cast<long long>(st->queue_depth), static_cast<long long>(st->max_queue),
+      static_cast<unsigned long long>(st->requests_served),
+      static_cast<unsigned long long>(st->requests_running),
+      static_cast<unsigned long long>(st->requests_rejected), st->uptime_s);
+  return 0;
+}
+
+}  // namespace
+
+void add_submit_commands(CLI::App& app, Registry& registry) {
+  {
+    auto* sub =
+        app.add_subcommand("submit", "Send jobs to a running head: one prompt (streamed) or a JSONL file");
+    auto f = std::make_shared<SubmitFlags>();
+    add_client_flags(sub, f->client);
+    auto* p = sub->add_option("--prompt", f->prompt, "One prompt; its text streams to stdout");
+    auto* i = sub->add_option("--input", f->input, "JSONL jobs (the line format of troupe batch)");
+    sub->add_option("--output", f->output, "JSONL results, in input order (with --input)");
+    p->excludes(i);
+    transport::Submit& j = f->job;
+    sub->add_option("--max-tokens", j.max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+    sub->add_option("--temperature", j.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+    sub->add_option("--top-k", j.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+    sub->add_option("--top-p", j.top_p, "1 = off")->check(CLI::Range(0.0, 1.0));
+    sub->add_option("--seed", j.seed, "Seed of the draws (default: the head picks one)");
+    sub->add_option("--stop", j.stop, "Stop string (repeatable)");
+    sub->add_option("--logprobs", j.logprobs, "Logprobs of the K most likely tokens (-1 = none)")
+        ->check(CLI::Range(-1, 20));
+    sub->add_flag("--ignore-eos", j.ignore_eos, "Generate past <|endoftext|>");
+    sub->add_option("--priority", j.priority, "Lower runs first");
+    sub->add_option("--max-in-flight", f->max_in_flight, "Jobs of --input in flight at once (0 = all)")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_flag("--json", f->json_out, "Print the result as one JSON object (no streaming)");
+    sub->add_flag("--quiet", f->quiet, "No progress bar or summary");
+    registry.push_back({sub, [f] {
+                          if (!f->input.empty()) {
+                            if (f->output.empty()) throw std::invalid_argument("--input needs --output");
+                            return submit_file(*f);
+                          }
+                          if (f->prompt.empty())
+                            throw std::invalid_argument("give --prompt TEXT or --input FILE");
+                          return submit_one(*f);
+                        }});
+  }
+  {
+    auto* sub = app.add_subcommand("status", "Workers, queue and counters of a running head");
+    auto f = std::make_shared<ClientFlags>();
+    auto json_out = std::make_shared<bool>(false);
+    add_client_flags(sub, *f);
+    f->timeout_s = 10;
+    sub->add_flag("--json", *json_out, "JSON with a `workers` list");
+    registry.push_back({sub, [f, json_out] { return run_status(*f, *json_out); }});
+  }
+}
+
+}  // namespace troupe::cli
