@@ -13,15 +13,6 @@ constexpr double kNsPerS = 1e9;
 
 double seconds(int64_t ns) { return static_cast<double>(ns) / kNsPerS; }
 
-// "99" for 99, "99.9" for 99.9: vLLM's key spelling (p99_ttft_ms, p99.9_ttft_ms).
-std::string p_word(double p) {
-  if (std::floor(p) == p) return std::to_string(static_cast<int64_t>(p));
-  std::ostringstream os;
-  os.precision(15);
-  os << p;
-  return os.str();
-}
-
 double parse_ms(const std::string& item, const std::string& value) {
   size_t used = 0;
   double v = 0;
@@ -64,6 +55,14 @@ double sorted_percentile(const std::vector<double>& values, double p) {
 
 }  // namespace
 
+std::string percentile_word(double p) {
+  if (std::floor(p) == p) return std::to_string(static_cast<int64_t>(p));
+  std::ostringstream os;
+  os.precision(15);
+  os << p;
+  return os.str();
+}
+
 SloTargets parse_slo(const std::vector<std::string>& items) {
   SloTargets slo;
   for (const std::string& item : items) {
@@ -105,7 +104,7 @@ std::string to_string(const SloTargets& slo) {
 double LatencyStats::at(double p) const {
   for (const auto& [q, v] : percentiles_ms)
     if (q == p) return v;
-  throw std::out_of_range("percentile " + p_word(p) + " was not computed");
+  throw std::out_of_range("percentile " + percentile_word(p) + " was not computed");
 }
 
 double percentile(std::vector<double>& values, double p) {
@@ -227,7 +226,7 @@ nlohmann::ordered_json to_result_json(const ServingMetrics& m, const std::vector
     j[std::string("mean_") + name + "_ms"] = s.mean_ms;
     j[std::string("median_") + name + "_ms"] = s.median_ms;
     j[std::string("std_") + name + "_ms"] = s.std_ms;
-    for (const auto& [p, v] : s.percentiles_ms) j["p" + p_word(p) + "_" + name + "_ms"] = v;
+    for (const auto& [p, v] : s.percentiles_ms) j["p" + percentile_word(p) + "_" + name + "_ms"] = v;
   };
   put("ttft", m.ttft);
   put("tpot", m.tpot);
@@ -301,7 +300,8 @@ std::string format_summary(const ServingMetrics& m, const std::string& title) {
     header(head, '-');
     row((std::string("Mean ") + name + " (ms):").c_str(), s.mean_ms);
     row((std::string("Median ") + name + " (ms):").c_str(), s.median_ms);
-    for (const auto& [p, v] : s.percentiles_ms) row(("P" + p_word(p) + " " + name + " (ms):").c_str(), v);
+    for (const auto& [p, v] : s.percentiles_ms)
+      row(("P" + percentile_word(p) + " " + name + " (ms):").c_str(), v);
   };
   block("Time to First Token", "TTFT", m.ttft);
   block("Time per Output Token (excl. 1st token)", "TPOT", m.tpot);

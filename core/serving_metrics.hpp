@@ -82,6 +82,9 @@ struct ServingMetrics {
   std::vector<double> percentiles;      // those asked for, as in MetricsOptions
 };
 
+// How vLLM's keys spell a percentile: "99" for 99, "99.9" for 99.9 (p99.9_ttft_ms).
+std::string percentile_word(double p);
+
 // Numpy's default percentile of `values` (sorted in place); 0 when empty.
 // p in [0, 100]; std::invalid_argument otherwise.
 double percentile(std::vector<double>& values, double p);
