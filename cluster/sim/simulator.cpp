@@ -29,6 +29,13 @@ core::SequenceTableOptions table_options(const core::SchedulerOptions& o) {
   return t;
 }
 
+// One work item as it runs on a simulated worker.
+struct Item {
+  uint64_t seq;
+  int32_t start, n;
+  bool sample;
+};
+
 struct Worker {
   uint64_t id = 0;
   const SimWorkerSpec* spec = nullptr;
@@ -40,6 +47,7 @@ struct Worker {
   bool busy = false;
   core::StepPlan current;
   core::PreparedStep prepared;
+  std::vector<Item> items;  // the current step's
   int64_t started = 0;
   int64_t busy_ns = 0, busy_at_sample = 0;
   int64_t steps = 0, tokens_run = 0, refused = 0;
@@ -206,7 +214,9 @@ class Simulation {
       t.error = *err;
       t.end_ns = now_;
       done(i);
+      return;
     }
+    touched_.push_back(batcher_.worker_of(i + 1));
   }
 
   void done(size_t i) {
@@ -216,16 +226,25 @@ class Simulation {
     ++finished_in_interval_;
   }
 
-  // Something changed at the head: send what clients may send, plan what can
-  // run, record what happened; again while finished requests free clients.
+  // Something changed at the head: send what clients may send, plan for the
+  // workers whose state changed, record what happened; again while finished
+  // requests free clients.
   void head_changed() {
     release_clients();
     do {
-      for (core::Dispatch& d : batcher_.schedule(now_)) {
-        Worker& w = workers_[d.worker - 1];
-        const int64_t arrive = w.down.send(now_, estimate_plan_bytes(d.plan), w.spec->link);
-        w.to_worker.push_back(std::move(d.plan));
-        push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
+      std::vector<uint64_t> ids;
+      ids.swap(touched_);
+      if (o_.schedule_all_workers || ids.empty()) ids.assign(1, 0);  // 0: requests waiting for a worker only
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (uint64_t id : ids) {
+        auto plans = o_.schedule_all_workers ? batcher_.schedule(now_) : batcher_.schedule(now_, id);
+        for (core::Dispatch& d : plans) {
+          Worker& w = workers_[d.worker - 1];
+          const int64_t arrive = w.down.send(now_, estimate_plan_bytes(d.plan), w.spec->link);
+          w.to_worker.push_back(std::move(d.plan));
+          push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
+        }
       }
       drain_events();
     } while (release_clients());
@@ -273,13 +292,21 @@ class Simulation {
   void start(Worker& w) {
     w.current = std::move(w.queue.front());
     w.queue.pop_front();
-    w.prepared = w.table.prepare(w.current);
+    // What runs: the plan as the worker's SequenceTable resolves it (items it
+    // refuses do not run), or, without tables, the plan's work as it stands.
+    w.items.clear();
+    if (o_.worker_tables) {
+      w.prepared = w.table.prepare(w.current);
+      for (const core::SeqChunk& c : w.prepared.chunks)
+        w.items.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample});
+    } else {
+      for (const core::SeqWork& x : w.current.work)
+        w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
+    }
     w.busy = true;
     w.started = now_;
-    // Refused items do not run: the cost is that of what runs.
     StepShape shape;
-    for (const core::SeqChunk& c : w.prepared.chunks)
-      shape.add(c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample);
+    for (const Item& i : w.items) shape.add(i.start, i.n, i.sample);
     push_work(now_ + std::max<int64_t>(1, w.spec->cost->predict_ns(shape)), EventKind::kStepDone, w.id - 1);
   }
 
@@ -287,15 +314,15 @@ class Simulation {
     core::StepResult r;
     r.step_id = w.current.step_id;
     const int32_t vocab = w.spec->scheduler.vocab_size;
-    for (const core::SeqChunk& c : w.prepared.chunks) {
-      w.tokens_run += static_cast<int64_t>(c.token_ids.size());
-      if (!c.sample) continue;
-      const int32_t pos = c.start_pos + static_cast<int32_t>(c.token_ids.size());
-      r.outputs.push_back({c.seq_id, {fake_token(c.seq_id, pos, vocab), 0.0f, {}}});
+    for (const Item& i : w.items) {
+      w.tokens_run += i.n;
+      if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}}});
     }
-    w.refused += static_cast<int64_t>(w.prepared.failures.size());
-    r.failures = std::move(w.prepared.failures);
-    w.table.commit(w.prepared, r.outputs, {});
+    if (o_.worker_tables) {
+      w.refused += static_cast<int64_t>(w.prepared.failures.size());
+      r.failures = std::move(w.prepared.failures);
+      w.table.commit(w.prepared, r.outputs, {});
+    }
     r.forward_ms = static_cast<double>(now_ - w.started) / 1e6;
     w.busy_ns += now_ - w.started;
     w.busy = false;
@@ -310,6 +337,7 @@ class Simulation {
     core::StepResult r = std::move(w.to_head.front());
     w.to_head.pop_front();
     if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
+    touched_.push_back(w.id);
     head_changed();
   }
 
@@ -352,6 +380,7 @@ class Simulation {
   int64_t finished_ = 0;
   int32_t outstanding_ = 0;
   std::deque<size_t> client_queue_;
+  std::vector<uint64_t> touched_;  // workers whose state changed since they were last planned
   std::optional<int64_t> deadline_;
   int64_t pending_work_events_ = 0;
   int64_t tokens_in_interval_ = 0;

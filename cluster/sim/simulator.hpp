@@ -11,8 +11,9 @@
 //                           └── Batcher.on_result ◀──link── result ◀── StepDone
 //
 // - A worker is a core::SequenceTable (it checks and resolves every plan as
-//   a real worker does) in front of a CostModel: a step takes
-//   predict_ns(plan), then returns one token per sampling item. Tokens never
+//   a real worker does; optional, see SimOptions::worker_tables) in front of
+//   a CostModel: a step takes predict_ns(plan), then returns one token per
+//   sampling item. Tokens never
 //   end a request early: requests use ignore_eos and max_tokens = the
 //   workload's output length.
 // - Each worker has up to max_steps_in_flight steps outstanding (2 by
@@ -21,7 +22,8 @@
 // - Messages between the head and a remote worker take latency + bytes ÷
 //   bandwidth, in order per direction (network.hpp; sizes are estimates).
 // - The head is instantaneous: planning costs no virtual time, and tokens
-//   reach the client when their result reaches the head.
+//   reach the client when their result reaches the head. After each event it
+//   plans the workers whose state changed (Batcher::schedule(now, worker)).
 // - Clients: each workload request is sent at its arrival time, or, with a
 //   concurrency limit, when fewer than that many are outstanding (its
 //   latencies count from the send, as vLLM's benchmark counts them).
@@ -64,6 +66,13 @@ struct SimOptions {
   PromptOptions prompts;
   OverlongPolicy overlong = OverlongPolicy::kClip;
   uint64_t seed = 0;  // schedulers' seeds and prefix-hash keys
+  // After each event, plan every worker (Batcher::schedule(now)) instead of
+  // only those whose state changed: the same plans at O(workers) the cost (tests).
+  bool schedule_all_workers = false;
+  // Each worker checks and resolves its plans with a core::SequenceTable, as a
+  // real worker does. false skips that (the plans are run as they stand):
+  // the same result, faster, for long runs once the protocol is trusted.
+  bool worker_tables = true;
   // Called now and then (every 2^16 events) and at the end: requests finished, of total.
   std::function<void(int64_t finished, int64_t total)> progress;
 };

@@ -222,6 +222,44 @@ TEST(Simulator, RejectsBadOptions) {
   EXPECT_THROW(simulate({request(0, 0, 1)}, o), std::invalid_argument);
 }
 
+TEST(Simulator, ShortcutsChangeNothing) {
+  // Planning only the workers that changed (Batcher::schedule(now, worker))
+  // must plan exactly what planning every worker would, and running plans
+  // without worker tables must give what the tables give: compare whole
+  // runs, with preemption, network and a concurrency limit in play.
+  SyntheticOptions so;
+  so.num_requests = 300;
+  so.request_rate = 400;
+  so.seed = 5;
+  so.input = parse_length_distribution("uniform:60:0.8");
+  so.output = parse_length_distribution("uniform:30:0.9");
+  const auto w = generate_synthetic(so);
+  SimOptions o;
+  for (int i = 0; i < 3; ++i) {
+    SimWorkerSpec x = worker(constant_cost((2 + i) * kMs), 24);
+    x.link.latency_ns = i * 300'000;
+    o.workers.push_back(x);
+  }
+  o.max_concurrency = 40;
+  o.batcher.placement = core::PlacementPolicy::kLeastLoaded;
+  const SimResult some = simulate(w, o);
+  o.schedule_all_workers = true;
+  const SimResult all = simulate(w, o);
+  o.schedule_all_workers = false;
+  o.worker_tables = false;  // plans run as they stand: the same tokens at the same times
+  const SimResult untabled = simulate(w, o);
+  int64_t preemptions = 0;
+  for (const auto& x : some.workers) preemptions += x.preemptions;
+  EXPECT_GT(preemptions, 0);
+  ASSERT_EQ(some.requests.size(), all.requests.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(some.requests[i].token_ns, all.requests[i].token_ns) << i;
+    EXPECT_EQ(some.requests[i].start_ns, all.requests[i].start_ns) << i;
+    EXPECT_EQ(some.worker[i], all.worker[i]) << i;
+    EXPECT_EQ(some.requests[i].token_ns, untabled.requests[i].token_ns) << i;
+  }
+}
+
 TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
   // One worker taking one request at a time (max_num_seqs 1), each needing a
   // single step of S (one output token): an M/D/1 queue. Its mean wait is
