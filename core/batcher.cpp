@@ -248,9 +248,10 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
   return std::nullopt;
 }
 
-std::vector<Dispatch> Batcher::schedule(int64_t now) {
+std::vector<uint64_t> Batcher::place_unplaced(int64_t now) {
   // Unplaced requests, in arrival order: past the deadline they fail; the
   // first worker that fits takes them; if every worker refuses one, it fails.
+  std::vector<uint64_t> placed;
   std::vector<Unplaced> pending;
   pending.swap(unplaced_);
   for (Unplaced& u : pending) {
@@ -259,19 +260,40 @@ std::vector<Dispatch> Batcher::schedule(int64_t now) {
                                    " before its deadline (" + std::to_string(workers_.size()) + " workers)");
     } else if (auto why = refused_by_all(u.request)) {
       fail_unplaced(u.request, *why);
-    } else if (!place(u.request, now)) {
+    } else if (place(u.request, now)) {
+      placed.push_back(where_.at(u.request.id));
+    } else {
       unplaced_.push_back(std::move(u));
     }
   }
+  return placed;
+}
 
+void Batcher::plan(uint64_t id, Worker& w, std::vector<Dispatch>& out) {
+  while (w.sched->can_schedule()) {
+    StepPlan plan = w.sched->schedule();
+    if (plan.empty()) break;
+    out.push_back({id, std::move(plan)});
+  }
+  collect(w);
+}
+
+std::vector<Dispatch> Batcher::schedule(int64_t now) {
+  place_unplaced(now);
   std::vector<Dispatch> out;
-  for (auto& [id, w] : workers_) {
-    while (w->sched->can_schedule()) {
-      StepPlan plan = w->sched->schedule();
-      if (plan.empty()) break;
-      out.push_back({id, std::move(plan)});
-    }
-    collect(*w);
+  for (auto& [id, w] : workers_) plan(id, *w, out);
+  return out;
+}
+
+std::vector<Dispatch> Batcher::schedule(int64_t now, uint64_t worker) {
+  std::vector<uint64_t> ids = place_unplaced(now);
+  ids.push_back(worker);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<Dispatch> out;
+  for (uint64_t id : ids) {
+    auto it = workers_.find(id);
+    if (it != workers_.end()) plan(id, *it->second, out);
   }
   return out;
 }

@@ -1,0 +1,100 @@
+// troupe profile: measure a worker's step time and write the cost model the simulator uses.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "cli/command.hpp"
+#include "cluster/cost_profiler.hpp"
+#include "model/gpt2.hpp"
+#include "model/model_dir.hpp"
+#include "model/threading.hpp"
+#include "model/weights.hpp"
+
+namespace troupe::cli {
+namespace {
+
+struct ProfileFlags {
+  std::string model, preset, out, device = "cpu";
+  int threads = 0;
+  bool quiet = false;
+  cluster::ProfileOptions options;
+};
+
+void print_error_line(const char* label, const cluster::sim::FitError& e) {
+  std::printf("%-34s median %5.1f%%   p90 %5.1f%%   max %6.1f%%   (%zu points)\n", label, e.median_pct,
+              e.p90_pct, e.max_pct, e.points);
+}
+
+int run_profile(ProfileFlags& f) {
+  if (f.model.empty() == f.preset.empty())
+    throw std::invalid_argument("give --model DIR, or --preset NAME for random weights of a known shape");
+  if (f.threads > 0) model::configure_threads({f.threads, 0});
+  const c10::Device device = parse_device(f.device);
+  std::optional<model::ModelDir> dir;
+  model::Gpt2Config cfg;
+  std::unique_ptr<model::Gpt2> gpt;
+  if (!f.model.empty()) {
+    dir = model::load_model_dir(f.model);
+    cfg = dir->config;
+    gpt = std::make_unique<model::Gpt2>(cfg, dir->weights, device);
+  } else {
+    cfg = model::Gpt2Config::preset(f.preset);  // speed does not depend on the weights' values
+    gpt = std::make_unique<model::Gpt2>(cfg, model::Gpt2Weights::random(cfg, 1), device);
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  if (!f.quiet) {
+    f.options.progress = [tty](size_t done, size_t total) {
+      if (tty) {
+        std::fprintf(stderr, "\rprofiling: %zu/%zu steps", done, total);
+        if (done == total) std::fprintf(stderr, "\n");
+      } else if (done == total || done % 25 == 0) {
+        std::fprintf(stderr, "profiling: %zu/%zu steps\n", done, total);
+      }
+    };
+  }
+  const cluster::sim::CostProfile p = cluster::profile_worker(*gpt, f.options);
+  cluster::sim::write_cost_profile(f.out, p);
+  std::printf("%s: %d layers, %d wide, %d positions on %s (%s), %s\n", f.out.c_str(), cfg.n_layer, cfg.n_embd,
+              cfg.n_positions, p.device.c_str(), p.processor.c_str(), p.thread_summary.c_str());
+  print_error_line("fit error (grid):", p.fit_error);
+  print_error_line("held-out error (random steps):", p.heldout_error);
+  const bool met = p.heldout_error.median_pct <= 5 && p.heldout_error.p90_pct <= 10;
+  std::printf("target on held-out steps: median <= 5%%, p90 <= 10%%: %s\n", met ? "met" : "NOT met");
+  return 0;
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app, Registry& registry) {
+  auto* sub =
+      app.add_subcommand("profile", "Measure a worker's step time and fit the simulator's cost model");
+  auto f = std::make_shared<ProfileFlags>();
+  sub->add_option("--model", f->model, "Model folder");
+  sub->add_option("--preset", f->preset, "Instead of --model: random weights of a shape (tiny, gpt2)");
+  sub->add_option("--out", f->out, "Cost profile to write (JSON)")->required();
+  sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--quick", f->options.quick, "A small grid (tests: under a minute on the tiny model)");
+  sub->add_option("--reps", f->options.reps, "Timed runs per point, the median kept (0 = 5, quick 3)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--heldout", f->options.heldout, "Random steps held out of the fit (0 = 40, quick 8)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--block-size", f->options.block_size, "KV block size the scheduler will use")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--kv-tokens", f->options.max_kv_tokens,
+                  "KV slots a profiled step may fill (memory: 0 = 32768, quick 4096)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--max-batched-tokens", f->options.max_batched_tokens,
+                  "Largest step measured, in tokens (0 = 2048, quick 256)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", f->options.seed, "Seed of the tokens and the held-out steps");
+  sub->add_flag("--quiet", f->quiet, "No progress on stderr");
+  registry.push_back({sub, [f] { return run_profile(*f); }});
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,163 @@
+#include "cluster/sim/cost_profile.hpp"
+
+#include <fstream>
+#include <stdexcept>
+
+namespace troupe::cluster::sim {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+ordered_json shape_json(const StepShape& s) {
+  return {{"tokens", s.tokens},
+          {"items", s.items},
+          {"sample_rows", s.sample_rows},
+          {"decode_pairs", s.decode_pairs},
+          {"prefill_pairs", s.prefill_pairs}};
+}
+
+ordered_json step_json(const MeasuredStep& m) {
+  return {{"prefill_tokens", m.prefill_tokens},
+          {"prefill_seqs", m.prefill_seqs},
+          {"decode_seqs", m.decode_seqs},
+          {"decode_context", m.decode_context},
+          {"shape", shape_json(m.sample.shape)},
+          {"median_ns", m.sample.ns},
+          {"reps_ns", m.reps_ns}};
+}
+
+ordered_json error_json(const FitError& e) {
+  return {{"points", e.points}, {"median_pct", e.median_pct}, {"p90_pct", e.p90_pct}, {"max_pct", e.max_pct}};
+}
+
+[[noreturn]] void bad(const std::string& what) { throw std::runtime_error("cost profile: " + what); }
+
+const json& field(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) bad(std::string("missing \"") + key + "\"");
+  return j[key];
+}
+
+template <class T>
+T get(const json& j, const char* key) {
+  const json& v = field(j, key);
+  try {
+    return v.get<T>();
+  } catch (const json::exception&) {
+    bad(std::string("\"") + key + "\" has the wrong type");
+  }
+}
+
+MeasuredStep step_from(const json& j) {
+  MeasuredStep m;
+  m.prefill_tokens = get<int32_t>(j, "prefill_tokens");
+  m.prefill_seqs = get<int32_t>(j, "prefill_seqs");
+  m.decode_seqs = get<int32_t>(j, "decode_seqs");
+  m.decode_context = get<int64_t>(j, "decode_context");
+  const json& s = field(j, "shape");
+  m.sample.shape.tokens = get<int64_t>(s, "tokens");
+  m.sample.shape.items = get<int32_t>(s, "items");
+  m.sample.shape.sample_rows = get<int32_t>(s, "sample_rows");
+  m.sample.shape.decode_pairs = get<int64_t>(s, "decode_pairs");
+  m.sample.shape.prefill_pairs = get<int64_t>(s, "prefill_pairs");
+  m.sample.ns = get<double>(j, "median_ns");
+  m.reps_ns = get<std::vector<double>>(j, "reps_ns");
+  return m;
+}
+
+FitError error_from(const json& j) {
+  FitError e;
+  e.points = get<size_t>(j, "points");
+  e.median_pct = get<double>(j, "median_pct");
+  e.p90_pct = get<double>(j, "p90_pct");
+  e.max_pct = get<double>(j, "max_pct");
+  return e;
+}
+
+}  // namespace
+
+ordered_json CostProfile::to_json() const {
+  ordered_json j;
+  j["format"] = "troupe-cost-profile";
+  j["version"] = kVersion;
+  j["created"] = created;
+  j["device"] = device;
+  j["processor"] = processor;
+  j["threads"] = threads;
+  j["thread_summary"] = thread_summary;
+  j["libraries"] = libraries;
+  j["model"] = {{"n_layer", model.n_layer},       {"n_head", model.n_head},
+                {"n_embd", model.n_embd},         {"n_positions", model.n_positions},
+                {"vocab_size", model.vocab_size}, {"eos_token_id", model.eos_token_id}};
+  j["block_size"] = block_size;
+  j["kv_bytes_per_token"] = kv_bytes_per_token;
+  j["sampling"] = sampling;
+  j["cost_model"] = cost.to_json();
+  j["fit_error"] = error_json(fit_error);
+  j["heldout_error"] = error_json(heldout_error);
+  ordered_json fit = ordered_json::array(), held = ordered_json::array();
+  for (const auto& m : fit_points) fit.push_back(step_json(m));
+  for (const auto& m : heldout_points) held.push_back(step_json(m));
+  j["fit_points"] = std::move(fit);
+  j["heldout_points"] = std::move(held);
+  return j;
+}
+
+CostProfile CostProfile::from_json(const json& j) {
+  if (get<std::string>(j, "format") != "troupe-cost-profile") bad("\"format\" is not troupe-cost-profile");
+  if (get<int>(j, "version") != kVersion)
+    bad("version " + std::to_string(get<int>(j, "version")) + " (this troupe reads " +
+        std::to_string(kVersion) + ")");
+  CostProfile p;
+  p.created = get<std::string>(j, "created");
+  p.device = get<std::string>(j, "device");
+  p.processor = get<std::string>(j, "processor");
+  p.threads = get<int32_t>(j, "threads");
+  p.thread_summary = get<std::string>(j, "thread_summary");
+  p.libraries = get<std::map<std::string, std::string>>(j, "libraries");
+  const json& m = field(j, "model");
+  p.model.n_layer = get<int32_t>(m, "n_layer");
+  p.model.n_head = get<int32_t>(m, "n_head");
+  p.model.n_embd = get<int32_t>(m, "n_embd");
+  p.model.n_positions = get<int32_t>(m, "n_positions");
+  p.model.vocab_size = get<int32_t>(m, "vocab_size");
+  p.model.eos_token_id = get<int32_t>(m, "eos_token_id");
+  if (p.model.n_positions < 1 || p.model.vocab_size < 1)
+    bad("the model's n_positions and vocab_size must be >= 1");
+  p.block_size = get<int32_t>(j, "block_size");
+  p.kv_bytes_per_token = get<int64_t>(j, "kv_bytes_per_token");
+  if (p.block_size < 1 || p.kv_bytes_per_token < 1) bad("block_size and kv_bytes_per_token must be >= 1");
+  p.sampling = get<std::string>(j, "sampling");
+  p.cost = CostModel::from_json(field(j, "cost_model"));
+  p.fit_error = error_from(field(j, "fit_error"));
+  p.heldout_error = error_from(field(j, "heldout_error"));
+  for (const auto& x : field(j, "fit_points")) p.fit_points.push_back(step_from(x));
+  for (const auto& x : field(j, "heldout_points")) p.heldout_points.push_back(step_from(x));
+  return p;
+}
+
+void write_cost_profile(const std::string& path, const CostProfile& profile) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write cost profile '" + path + "'");
+  out << profile.to_json().dump(1) << '\n';
+  if (!out) throw std::runtime_error("error writing cost profile '" + path + "'");
+}
+
+CostProfile read_cost_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw std::runtime_error("cannot read cost profile '" + path + "' (make one with `troupe profile`)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error("cost profile '" + path + "' is not JSON: " + e.what());
+  }
+  try {
+    return CostProfile::from_json(j);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+}
+
+}  // namespace troupe::cluster::sim

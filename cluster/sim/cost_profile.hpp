@@ -1,0 +1,61 @@
+#pragma once
+// CostProfile: a cost.json written by `troupe profile` and read by the
+// simulator (and, later, an emulated worker). It names what was measured
+// (device, CPU or GPU model, threads, model shape, library versions), holds
+// every measured point, the fitted CostModel and its error on points held out
+// of the fit. One file per (model, device, threads): another device is
+// another file.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/sim/cost_model.hpp"
+
+namespace troupe::cluster::sim {
+
+// The model's shape, as far as serving needs it.
+struct ModelShape {
+  int32_t n_layer = 12, n_head = 12, n_embd = 768;
+  int32_t n_positions = 1024;  // max_model_len of a worker serving it
+  int32_t vocab_size = 50257;
+  int32_t eos_token_id = 50256;
+};
+
+// One measured step: its shape, the grid coordinates that made it, every repetition.
+struct MeasuredStep {
+  CostSample sample;            // shape and the median of reps_ns
+  std::vector<double> reps_ns;  // each timed repetition
+  int32_t prefill_tokens = 0;   // grid coordinates (for people reading the file)
+  int32_t prefill_seqs = 0;
+  int32_t decode_seqs = 0;
+  int64_t decode_context = 0;  // total context of the decode sequences
+};
+
+struct CostProfile {
+  static constexpr int kVersion = 1;
+  std::string created;    // UTC ISO-8601 time of the measurement
+  std::string device;     // "cpu", "cuda:0", ...
+  std::string processor;  // CPU model (/proc/cpuinfo) or GPU name
+  int32_t threads = 0;    // intra-op threads used
+  std::string thread_summary;
+  std::map<std::string, std::string> libraries;  // "torch" -> version, "troupe" -> version, "compiler" -> ...
+  ModelShape model;
+  int32_t block_size = 16;         // KV block size the steps ran with
+  int64_t kv_bytes_per_token = 0;  // KV memory per token slot (all layers, K and V)
+  std::string sampling;            // the sampling the steps used ("greedy")
+  CostModel cost;
+  std::vector<MeasuredStep> fit_points, heldout_points;
+  FitError fit_error, heldout_error;
+
+  nlohmann::ordered_json to_json() const;
+  static CostProfile from_json(const nlohmann::json& j);  // std::runtime_error naming the field
+};
+
+void write_cost_profile(const std::string& path, const CostProfile& profile);
+// Throws std::runtime_error naming the file on a missing, unreadable or malformed file.
+CostProfile read_cost_profile(const std::string& path);
+
+}  // namespace troupe::cluster::sim

@@ -1,0 +1,408 @@
+#include "cluster/sim/simulator.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "cluster/sim/event_queue.hpp"
+#include "core/sequence_table.hpp"
+#include "core/splitmix.hpp"
+
+namespace troupe::cluster::sim {
+namespace {
+
+// The token a simulated worker "samples": any valid id will do (ignore_eos).
+int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab) {
+  return static_cast<int32_t>(
+      core::splitmix64(seq_id * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(position)) %
+      static_cast<uint64_t>(vocab));
+}
+
+core::SequenceTableOptions table_options(const core::SchedulerOptions& o) {
+  core::SequenceTableOptions t;
+  t.num_blocks = o.num_blocks;
+  t.block_size = o.block_size;
+  t.max_positions = o.max_model_len;
+  t.vocab_size = o.vocab_size;
+  return t;
+}
+
+// One work item as it runs on a simulated worker.
+struct Item {
+  uint64_t seq;
+  int32_t start, n;
+  bool sample;
+};
+
+struct Worker {
+  uint64_t id = 0;
+  const SimWorkerSpec* spec = nullptr;
+  core::SequenceTable table;
+  Channel down, up;                      // head -> worker, worker -> head
+  std::deque<core::StepPlan> to_worker;  // on the wire, in order
+  std::deque<core::StepPlan> queue;      // arrived, not started
+  std::deque<core::StepResult> to_head;  // on the wire, in order
+  bool busy = false;
+  core::StepPlan current;
+  core::PreparedStep prepared;
+  std::vector<Item> items;  // the current step's
+  int64_t started = 0;
+  int64_t busy_ns = 0, busy_at_sample = 0;
+  int64_t steps = 0, tokens_run = 0, refused = 0;
+  int32_t peak_blocks = 0;
+  double kv_use_sum = 0;
+
+  explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
+      : id(worker_id), spec(&s), table(table_options(s.scheduler)) {}
+  int64_t busy_until(int64_t now) const { return busy_ns + (busy ? now - started : 0); }
+};
+
+class Simulation {
+ public:
+  Simulation(const std::vector<WorkloadRequest>& workload, const SimOptions& o)
+      : workload_(workload), o_(o), batcher_(o.batcher) {
+    if (o.workers.empty()) throw std::invalid_argument("simulation: no workers");
+    if (o.max_concurrency < 0) throw std::invalid_argument("simulation: max_concurrency must be >= 0");
+    if (o.sample_interval_ns < 0) throw std::invalid_argument("simulation: sample_interval_ns must be >= 0");
+    max_model_len_ = std::numeric_limits<int32_t>::max();
+    workers_.reserve(o.workers.size());
+    for (size_t i = 0; i < o.workers.size(); ++i) {
+      const SimWorkerSpec& s = o.workers[i];
+      if (!s.cost)
+        throw std::invalid_argument("simulation: worker " + std::to_string(i + 1) + " has no cost model");
+      if (s.link.latency_ns < 0 || s.link.bandwidth_bytes_per_s < 0)
+        throw std::invalid_argument("simulation: network latency and bandwidth must be >= 0");
+      core::WorkerSpec w;
+      w.id = i + 1;
+      w.node = s.node;
+      w.device = s.device;
+      w.scheduler = s.scheduler;
+      w.scheduler.seed = core::splitmix64(o.seed ^ (w.id * 0x51ed));
+      w.scheduler.hash_key =
+          core::splitmix64(o.seed ^ 0x4a54) | 1;  // shared: prefixes compare across workers
+      if (auto err = batcher_.add_worker(w)) throw std::invalid_argument("simulation: " + *err);
+      workers_.emplace_back(s, w.id);
+      max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);
+    }
+    const size_t n = workload.size();
+    result_.requests.resize(n);
+    result_.scheduled_ns.assign(n, -1);
+    result_.cached_tokens.assign(n, 0);
+    result_.worker.assign(n, 0);
+    result_.sample_interval_ns = o.sample_interval_ns;
+    for (size_t i = 0; i < n; ++i) {
+      const WorkloadRequest& r = workload[i];
+      if (r.input_len < 1 || r.output_len < 1)
+        throw std::invalid_argument("simulation: request " + std::to_string(i + 1) +
+                                    " has an empty prompt or output");
+      if (i > 0 && r.arrival_ns < workload[i - 1].arrival_ns)
+        throw std::invalid_argument("simulation: the workload must be in arrival order");
+      result_.requests[i].id = i + 1;
+      push_work(r.arrival_ns, EventKind::kArrival, i);
+    }
+    if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
+  }
+
+  SimResult run() {
+    const int64_t total = static_cast<int64_t>(workload_.size());
+    while (finished_ < total) {
+      if (events_.empty() || only_samples_left()) {
+        throw std::logic_error("simulation stalled at " + std::to_string(now_) + " ns with " +
+                               std::to_string(total - finished_) + " requests unfinished");
+      }
+      const Event e = events_.pop();
+      now_ = e.time;
+      ++result_.events;
+      switch (e.kind) {
+        case EventKind::kStepDone:
+          step_done(workers_[e.target]);
+          break;
+        case EventKind::kPlanArrive:
+          plan_arrives(workers_[e.target]);
+          break;
+        case EventKind::kResultArrive:
+          result_arrives(workers_[e.target]);
+          break;
+        case EventKind::kDeadline:
+          if (deadline_ && *deadline_ == now_) deadline_.reset();
+          head_changed();
+          break;
+        case EventKind::kArrival:
+          arrival(e.target);
+          break;
+        case EventKind::kSample:
+          sample();
+          if (finished_ < total) events_.push(now_ + o_.sample_interval_ns, EventKind::kSample, 0);
+          break;
+      }
+      if (e.kind != EventKind::kSample) --pending_work_events_;
+      if (o_.progress && (result_.events & 0xffff) == 0) o_.progress(finished_, total);
+    }
+    if (o_.sample_interval_ns > 0 && (result_.series.empty() || result_.series.back().t_ns < now_)) sample();
+    if (o_.progress) o_.progress(finished_, total);
+    result_.end_ns = now_;
+    for (Worker& w : workers_) {
+      WorkerReport r;
+      r.id = w.id;
+      r.node = w.spec->node;
+      r.device = w.spec->device;
+      r.num_blocks = w.spec->scheduler.num_blocks;
+      r.busy_ns = w.busy_ns;
+      r.steps = w.steps;
+      r.tokens_run = w.tokens_run;
+      const core::SchedulerStats st = batcher_.scheduler(w.id)->stats();
+      r.tokens_generated = st.tokens_generated;
+      r.preemptions = st.preemptions;
+      r.prefix_query_tokens = st.prefix_query_tokens;
+      r.prefix_hit_tokens = st.prefix_hit_tokens;
+      r.peak_blocks_used = w.peak_blocks;
+      r.mean_kv_use = result_.series.empty() ? 0 : w.kv_use_sum / static_cast<double>(result_.series.size());
+      r.refused_items = w.refused;
+      result_.workers.push_back(std::move(r));
+    }
+    return std::move(result_);
+  }
+
+ private:
+  void push_work(int64_t time, EventKind kind, uint64_t target) {
+    events_.push(time, kind, target);
+    ++pending_work_events_;
+  }
+  bool only_samples_left() const { return pending_work_events_ == 0; }
+
+  void arrival(size_t i) {
+    client_queue_.push_back(i);
+    if (o_.max_concurrency > 0 && outstanding_ >= o_.max_concurrency) return;
+    head_changed();
+  }
+
+  // Sends held-back requests while the concurrency limit allows.
+  bool release_clients() {
+    bool sent = false;
+    while (!client_queue_.empty() && (o_.max_concurrency == 0 || outstanding_ < o_.max_concurrency)) {
+      const size_t i = client_queue_.front();
+      client_queue_.pop_front();
+      send(i);
+      sent = true;
+    }
+    return sent;
+  }
+
+  void send(size_t i) {
+    WorkloadRequest w = workload_[i];
+    if (static_cast<int64_t>(w.input_len) + w.output_len > max_model_len_ &&
+        o_.overlong == OverlongPolicy::kClip) {
+      w.output_len = std::min(w.output_len, max_model_len_ - 1);
+      w.input_len = std::max(1, std::min(w.input_len, max_model_len_ - w.output_len));
+      ++result_.clipped;
+    }
+    core::Request r;
+    r.id = i + 1;
+    r.prompt_ids = build_prompt(w, i, o_.prompts);
+    r.max_tokens = w.output_len;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;  // greedy, as the cost profile measured
+    r.seed = i;
+    core::RequestTiming& t = result_.requests[i];
+    t.start_ns = now_;
+    t.prompt_tokens = w.input_len;
+    ++outstanding_;
+    if (auto err = batcher_.submit(std::move(r), now_)) {
+      t.success = false;
+      t.error = *err;
+      t.end_ns = now_;
+      done(i);
+      return;
+    }
+    touched_.push_back(batcher_.worker_of(i + 1));
+  }
+
+  void done(size_t i) {
+    (void)i;
+    --outstanding_;
+    ++finished_;
+    ++finished_in_interval_;
+  }
+
+  // Something changed at the head: send what clients may send, plan for the
+  // workers whose state changed, record what happened; again while finished
+  // requests free clients.
+  void head_changed() {
+    release_clients();
+    do {
+      std::vector<uint64_t> ids;
+      ids.swap(touched_);
+      if (o_.schedule_all_workers || ids.empty()) ids.assign(1, 0);  // 0: requests waiting for a worker only
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (uint64_t id : ids) {
+        auto plans = o_.schedule_all_workers ? batcher_.schedule(now_) : batcher_.schedule(now_, id);
+        for (core::Dispatch& d : plans) {
+          Worker& w = workers_[d.worker - 1];
+          const int64_t arrive = w.down.send(now_, estimate_plan_bytes(d.plan), w.spec->link);
+          w.to_worker.push_back(std::move(d.plan));
+          push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
+        }
+      }
+      drain_events();
+    } while (release_clients());
+    if (auto d = batcher_.next_deadline(); d && (!deadline_ || *d < *deadline_)) {
+      deadline_ = *d;
+      push_work(std::max(*d, now_), EventKind::kDeadline, 0);
+    }
+  }
+
+  void drain_events() {
+    for (core::RequestEvent& ev : batcher_.take_events()) {
+      const size_t i = ev.request_id - 1;
+      core::RequestTiming& t = result_.requests[i];
+      switch (ev.kind) {
+        case core::EventKind::kScheduled:
+          if (result_.scheduled_ns[i] < 0) {
+            result_.scheduled_ns[i] = now_;
+            result_.cached_tokens[i] = ev.usage.cached_tokens;
+            result_.worker[i] = batcher_.worker_of(ev.request_id);
+          }
+          break;
+        case core::EventKind::kToken:
+          t.token_ns.push_back(now_);
+          ++tokens_in_interval_;
+          break;
+        case core::EventKind::kFinished: {
+          t.end_ns = now_;
+          t.output_tokens = ev.usage.completion_tokens;
+          t.success =
+              ev.finish_reason == core::FinishReason::kLength || ev.finish_reason == core::FinishReason::kEos;
+          if (!t.success) t.error = ev.error.empty() ? core::to_string(ev.finish_reason) : ev.error;
+          done(i);
+          break;
+        }
+      }
+    }
+  }
+
+  void plan_arrives(Worker& w) {
+    w.queue.push_back(std::move(w.to_worker.front()));
+    w.to_worker.pop_front();
+    if (!w.busy) start(w);
+  }
+
+  void start(Worker& w) {
+    w.current = std::move(w.queue.front());
+    w.queue.pop_front();
+    // What runs: the plan as the worker's SequenceTable resolves it (items it
+    // refuses do not run), or, without tables, the plan's work as it stands.
+    w.items.clear();
+    if (o_.worker_tables) {
+      w.prepared = w.table.prepare(w.current);
+      for (const core::SeqChunk& c : w.prepared.chunks)
+        w.items.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample});
+    } else {
+      for (const core::SeqWork& x : w.current.work)
+        w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
+    }
+    w.busy = true;
+    w.started = now_;
+    StepShape shape;
+    for (const Item& i : w.items) shape.add(i.start, i.n, i.sample);
+    push_work(now_ + std::max<int64_t>(1, w.spec->cost->predict_ns(shape)), EventKind::kStepDone, w.id - 1);
+  }
+
+  void step_done(Worker& w) {
+    core::StepResult r;
+    r.step_id = w.current.step_id;
+    const int32_t vocab = w.spec->scheduler.vocab_size;
+    for (const Item& i : w.items) {
+      w.tokens_run += i.n;
+      if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}}});
+    }
+    if (o_.worker_tables) {
+      w.refused += static_cast<int64_t>(w.prepared.failures.size());
+      r.failures = std::move(w.prepared.failures);
+      w.table.commit(w.prepared, r.outputs, {});
+    }
+    r.forward_ms = static_cast<double>(now_ - w.started) / 1e6;
+    w.busy_ns += now_ - w.started;
+    w.busy = false;
+    ++w.steps;
+    const int64_t arrive = w.up.send(now_, estimate_result_bytes(r), w.spec->link);
+    w.to_head.push_back(std::move(r));
+    push_work(arrive, EventKind::kResultArrive, w.id - 1);
+    if (!w.queue.empty()) start(w);
+  }
+
+  void result_arrives(Worker& w) {
+    core::StepResult r = std::move(w.to_head.front());
+    w.to_head.pop_front();
+    if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
+    touched_.push_back(w.id);
+    head_changed();
+  }
+
+  void sample() {
+    SeriesPoint p;
+    p.t_ns = now_;
+    p.waiting = batcher_.num_waiting();
+    p.running = batcher_.num_running();
+    p.client_queue = static_cast<int32_t>(client_queue_.size());
+    p.output_tokens = tokens_in_interval_;
+    p.finished = finished_in_interval_;
+    tokens_in_interval_ = 0;
+    finished_in_interval_ = 0;
+    const int64_t span = result_.series.empty() ? now_ : now_ - result_.series.back().t_ns;
+    for (Worker& w : workers_) {
+      const core::Scheduler& s = *batcher_.scheduler(w.id);
+      SeriesPoint::Worker x;
+      const int64_t busy = w.busy_until(now_);
+      x.busy = span > 0 ? static_cast<double>(busy - w.busy_at_sample) / static_cast<double>(span) : 0.0;
+      w.busy_at_sample = busy;
+      x.blocks_used = s.allocator().num_used();
+      x.running = s.num_running();
+      x.waiting = s.num_waiting();
+      x.preemptions = s.stats().preemptions;
+      w.peak_blocks = std::max(w.peak_blocks, x.blocks_used);
+      w.kv_use_sum += static_cast<double>(x.blocks_used) / w.spec->scheduler.num_blocks;
+      p.workers.push_back(x);
+    }
+    result_.series.push_back(std::move(p));
+  }
+
+  const std::vector<WorkloadRequest>& workload_;
+  const SimOptions& o_;
+  core::Batcher batcher_;
+  std::vector<Worker> workers_;
+  EventQueue events_;
+  SimResult result_;
+  int64_t now_ = 0;
+  int32_t max_model_len_ = 0;
+  int64_t finished_ = 0;
+  int32_t outstanding_ = 0;
+  std::deque<size_t> client_queue_;
+  std::vector<uint64_t> touched_;  // workers whose state changed since they were last planned
+  std::optional<int64_t> deadline_;
+  int64_t pending_work_events_ = 0;
+  int64_t tokens_in_interval_ = 0;
+  int32_t finished_in_interval_ = 0;
+};
+
+}  // namespace
+
+SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options) {
+  if (workload.empty()) throw std::invalid_argument("simulation: the workload is empty");
+  Simulation s(workload, options);
+  return s.run();
+}
+
+double duration_s(const SimResult& r) {
+  int64_t first = std::numeric_limits<int64_t>::max(), last = 0;
+  for (const auto& t : r.requests) {
+    first = std::min(first, t.start_ns);
+    last = std::max(last, t.end_ns);
+  }
+  if (r.requests.empty()) return 1e-9;
+  return static_cast<double>(std::max<int64_t>(1, last - first)) / 1e9;
+}
+
+}  // namespace troupe::cluster::sim

@@ -1,0 +1,132 @@
+#pragma once
+// Simulator: a discrete-event simulation of a troupe cluster in virtual time.
+//
+// What runs is the real core: one core::Batcher (placement, one Scheduler per
+// worker with its KV block accounting, prefix cache and preemption) forms
+// every step, exactly as the batcher actor does. What is modelled:
+//
+//   client ──arrival──▶ head: Batcher.submit ──schedule──▶ plan ──link──▶ worker
+//                           ▲                                              │ queue (FIFO)
+//                           │                                              ▼ cost model: predict(plan)
+//                           └── Batcher.on_result ◀──link── result ◀── StepDone
+//
+// - A worker is a core::SequenceTable (it checks and resolves every plan as
+//   a real worker does; optional, see SimOptions::worker_tables) in front of
+//   a CostModel: a step takes predict_ns(plan), then returns one token per
+//   sampling item. Tokens never
+//   end a request early: requests use ignore_eos and max_tokens = the
+//   workload's output length.
+// - Each worker has up to max_steps_in_flight steps outstanding (2 by
+//   default, as the real batcher keeps them): the next plan travels while the
+//   current step runs.
+// - Messages between the head and a remote worker take latency + bytes ÷
+//   bandwidth, in order per direction (network.hpp; sizes are estimates).
+// - The head is instantaneous: planning costs no virtual time, and tokens
+//   reach the client when their result reaches the head. After each event it
+//   plans the workers whose state changed (Batcher::schedule(now, worker)).
+// - Clients: each workload request is sent at its arrival time, or, with a
+//   concurrency limit, when fewer than that many are outstanding (its
+//   latencies count from the send, as vLLM's benchmark counts them).
+//
+// Deterministic: same workload and options => same result, bit for bit
+// (event_queue.hpp states the tie-breaking; the schedulers' seeds and
+// prefix-hash keys are fixed here).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster/sim/cost_model.hpp"
+#include "cluster/sim/network.hpp"
+#include "cluster/sim/prompt_builder.hpp"
+#include "cluster/sim/workload.hpp"
+#include "core/batcher.hpp"
+#include "core/serving_metrics.hpp"
+
+namespace troupe::cluster::sim {
+
+struct SimWorkerSpec {
+  std::string node;                       // the node it lives on (reports)
+  std::string device;                     // what its cost model measured (reports)
+  std::shared_ptr<const CostModel> cost;  // required
+  core::SchedulerOptions scheduler;       // pool size, budgets, max_model_len, vocabulary
+  NetworkLink link;                       // between the head and it
+};
+
+// A request longer than a worker's max_model_len: shortened (prompt first,
+// keeping at least one token) or refused (it fails, as the real batcher refuses it).
+enum class OverlongPolicy { kClip, kFail };
+
+struct SimOptions {
+  std::vector<SimWorkerSpec> workers;  // ids 1..N in this order; at least one
+  core::BatcherOptions batcher;
+  int32_t max_concurrency = 0;                 // requests outstanding at once at most; 0 = no limit
+  int64_t sample_interval_ns = 1'000'000'000;  // time series step; 0 = no time series
+  PromptOptions prompts;
+  OverlongPolicy overlong = OverlongPolicy::kClip;
+  uint64_t seed = 0;  // schedulers' seeds and prefix-hash keys
+  // After each event, plan every worker (Batcher::schedule(now)) instead of
+  // only those whose state changed: the same plans at O(workers) the cost (tests).
+  bool schedule_all_workers = false;
+  // Each worker checks and resolves its plans with a core::SequenceTable, as a
+  // real worker does. false skips that (the plans are run as they stand):
+  // the same result, faster, for long runs once the protocol is trusted.
+  bool worker_tables = true;
+  // Called now and then (every 2^16 events) and at the end: requests finished, of total.
+  std::function<void(int64_t finished, int64_t total)> progress;
+};
+
+struct WorkerReport {
+  uint64_t id = 0;
+  std::string node, device;
+  int32_t num_blocks = 0;
+  int64_t busy_ns = 0;  // computing steps
+  int64_t steps = 0;
+  int64_t tokens_run = 0;  // tokens in its steps (prefill + decode)
+  int64_t tokens_generated = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int32_t peak_blocks_used = 0;  // over the time series samples
+  double mean_kv_use = 0;        // blocks used / pool, averaged over the samples
+  int64_t refused_items = 0;     // work items its SequenceTable refused (a protocol bug: expect 0)
+};
+
+// The cluster at one instant of the time series; per-interval counts cover
+// (t - interval, t].
+struct SeriesPoint {
+  struct Worker {
+    double busy = 0;  // fraction of the interval spent computing
+    int32_t blocks_used = 0, running = 0, waiting = 0;
+    int64_t preemptions = 0;  // so far
+  };
+  int64_t t_ns = 0;
+  int32_t waiting = 0;  // queued in the head (unplaced + waiting in schedulers)
+  int32_t running = 0;
+  int32_t client_queue = 0;   // held back by the concurrency limit
+  int64_t output_tokens = 0;  // generated in the interval
+  int32_t finished = 0;       // requests finished in the interval
+  std::vector<Worker> workers;
+};
+
+struct SimResult {
+  std::vector<core::RequestTiming> requests;  // one per workload request, in its order (id = index + 1)
+  std::vector<int64_t> scheduled_ns;          // first admission to a step; -1 = never
+  std::vector<int32_t> cached_tokens;         // prompt tokens served from the prefix cache
+  std::vector<uint64_t> worker;               // worker first admitting it; 0 = none
+  std::vector<WorkerReport> workers;
+  std::vector<SeriesPoint> series;
+  int64_t sample_interval_ns = 0;
+  int64_t end_ns = 0;   // the last request's end
+  uint64_t events = 0;  // events processed
+  int32_t clipped = 0;  // requests shortened to fit max_model_len
+};
+
+// Throws std::invalid_argument on bad options, std::logic_error if the
+// cluster stops making progress with requests unfinished (a bug).
+SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options);
+
+// The run's duration for metrics: first send to last response (at least 1 ns).
+double duration_s(const SimResult& result);
+
+}  // namespace troupe::cluster::sim

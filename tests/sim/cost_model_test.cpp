@@ -1,0 +1,221 @@
+// The cost model: step shapes from plans, piecewise predictions, a fit that
+// recovers a known model, non-negative least squares, and the cost file's
+// round trip.
+#include "cluster/sim/cost_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cluster/sim/cost_profile.hpp"
+#include "cluster/sim/least_squares.hpp"
+#include "cluster/sim/random.hpp"
+#include "sim_test_utils.hpp"
+
+namespace troupe::cluster::sim {
+namespace {
+
+CostModel known() {
+  CostModel m;
+  m.knots = {1, 16, 256};
+  m.knot_ns = {5e6, 6e6, 30e6};
+  m.sample_ns = 2e5;
+  m.decode_pair_ns = 300;
+  m.prefill_pair_ns = 40;
+  m.item_ns = 1e4;
+  return m;
+}
+
+StepShape shape(std::vector<std::tuple<int32_t, int32_t, bool>> items) {
+  StepShape s;
+  for (auto [start, n, sample] : items) s.add(start, n, sample);
+  return s;
+}
+
+TEST(CostModel, ShapeOfAPlan) {
+  core::StepPlan p;
+  p.work.push_back({1, 100, 1, {}, true});  // decode at context 101
+  p.work.push_back({2, 0, 32, {}, false});  // first prompt chunk
+  p.work.push_back({3, 32, 16, {}, true});  // last prompt chunk after 32 cached
+  const StepShape s = StepShape::of(p);
+  EXPECT_EQ(s.tokens, 49);
+  EXPECT_EQ(s.items, 3);
+  EXPECT_EQ(s.sample_rows, 2);
+  EXPECT_EQ(s.decode_pairs, 101);
+  EXPECT_EQ(s.prefill_pairs, 32 * 33 / 2 + (16 * 32 + 16 * 17 / 2));
+}
+
+TEST(CostModel, PredictsPiecewiseInTokens) {
+  const CostModel m = known();
+  // One decode at context 1 (start 0): g(1) + sample + 1 pair + item.
+  EXPECT_EQ(m.predict_ns(shape({{0, 1, true}})), std::llround(5e6 + 2e5 + 300 + 1e4));
+  // 8 tokens in one chunk: g halfway-ish between knots 1 and 16 = 5e6 + 7/15 * 1e6.
+  EXPECT_EQ(m.predict_ns(shape({{0, 8, false}})), std::llround(5e6 + 7.0 / 15 * 1e6 + 36 * 40 + 1e4));
+  // Past the last knot g follows the last segment: slope 24e6/240 = 1e5 per token.
+  EXPECT_EQ(m.predict_ns(shape({{0, 300, false}})),
+            std::llround(30e6 + 44 * 1e5 + 300.0 * 301 / 2 * 40 + 1e4));
+  EXPECT_EQ(m.predict_ns(StepShape{}), 0);
+  core::StepPlan p;
+  p.work.push_back({1, 0, 8, {}, false});
+  EXPECT_EQ(m.predict_ns(p), m.predict_ns(shape({{0, 8, false}})));
+}
+
+TEST(CostModel, FitRecoversAKnownModel) {
+  const CostModel truth = known();
+  Random rng(3);
+  std::vector<CostSample> samples;
+  for (int i = 0; i < 200; ++i) {
+    StepShape s;
+    const auto decodes = rng.uniform_int(0, 40);
+    for (int64_t d = 0; d < decodes; ++d) s.add(static_cast<int32_t>(rng.uniform_int(0, 900)), 1, true);
+    if (decodes == 0 || rng.uniform() < 0.5)
+      s.add(static_cast<int32_t>(rng.uniform_int(0, 64)), static_cast<int32_t>(rng.uniform_int(2, 400)),
+            rng.uniform() < 0.5);
+    samples.push_back({s, static_cast<double>(truth.predict_ns(s))});
+  }
+  const CostModel fit = CostModel::fit(truth.knots, samples);
+  const FitError e = fit_error(fit, samples);
+  EXPECT_LT(e.max_pct, 0.01) << e.median_pct;
+  EXPECT_NEAR(fit.decode_pair_ns, truth.decode_pair_ns, truth.decode_pair_ns * 1e-3);
+  EXPECT_NEAR(fit.prefill_pair_ns, truth.prefill_pair_ns, truth.prefill_pair_ns * 1e-3);
+  EXPECT_NEAR(fit.knot_ns[2], truth.knot_ns[2], truth.knot_ns[2] * 1e-3);
+}
+
+TEST(CostModel, FitErrorIsRelative) {
+  CostModel m;
+  m.knots = {1};
+  m.knot_ns = {100};
+  std::vector<CostSample> s = {
+      {shape({{0, 1, false}}), 100}, {shape({{0, 1, false}}), 80}, {shape({{0, 1, false}}), 125}};
+  const FitError e = fit_error(m, s);
+  EXPECT_EQ(e.points, 3u);
+  EXPECT_NEAR(e.median_pct, 20, 1e-9);  // errors 0, 25, 20 percent
+  EXPECT_NEAR(e.max_pct, 25, 1e-9);
+  EXPECT_NEAR(e.p90_pct, 24, 1e-9);
+}
+
+TEST(CostModel, RejectsBadModels) {
+  CostModel m = known();
+  m.knots = {16, 1, 256};
+  EXPECT_THROW(CostModel::fit(m.knots, {}), std::invalid_argument);
+  EXPECT_THROW(CostModel::fit({1, 2}, {}), std::invalid_argument);  // no samples
+  nlohmann::json j = known().to_json();
+  j["decode_pair_ns"] = -1;
+  EXPECT_THROW(CostModel::from_json(j), std::runtime_error);
+  j = known().to_json();
+  j.erase("knot_ns");
+  try {
+    CostModel::from_json(j);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("knot_ns"), std::string::npos);
+  }
+}
+
+TEST(LeastSquares, SolvesAndRespectsNonNegativity) {
+  // y = 2 + 3x exactly.
+  Matrix a;
+  std::vector<double> b;
+  for (int x = 0; x < 5; ++x) {
+    a.push_back({1.0, static_cast<double>(x)});
+    b.push_back(2 + 3 * x);
+  }
+  auto x = least_squares(a, b);
+  EXPECT_NEAR(x[0], 2, 1e-9);
+  EXPECT_NEAR(x[1], 3, 1e-9);
+  // y = 5 - x: the unconstrained slope is -1; with x >= 0 the best is the mean, slope 0.
+  for (int i = 0; i < 5; ++i) b[i] = 5 - i;
+  x = least_squares(a, b);
+  EXPECT_NEAR(x[1], -1, 1e-9);
+  x = nonnegative_least_squares(a, b);
+  EXPECT_NEAR(x[0], 3, 1e-9);
+  EXPECT_EQ(x[1], 0);
+  // A duplicated column: rank deficient, still solved.
+  Matrix d = {{1, 1}, {2, 2}, {3, 3}};
+  x = least_squares(d, {2, 4, 6});
+  EXPECT_NEAR(x[0] + x[1], 2, 1e-9);
+  EXPECT_THROW(least_squares({{1, 2}, {3}}, {1, 2}), std::invalid_argument);
+}
+
+CostProfile profile() {
+  CostProfile p;
+  p.created = "2025-01-01T00:00:00Z";
+  p.device = "cpu";
+  p.processor = "Test CPU";
+  p.threads = 2;
+  p.thread_summary = "torch=2";
+  p.libraries = {{"torch", "1.13"}, {"troupe", "0.1.0"}};
+  p.model.n_layer = 2;
+  p.model.n_positions = 128;
+  p.block_size = 16;
+  p.kv_bytes_per_token = 1024;
+  p.sampling = "greedy";
+  p.cost = known();
+  MeasuredStep m;
+  m.sample = {shape({{0, 12, true}}), 123456.5};
+  m.reps_ns = {123000, 123456.5, 130000};
+  m.prefill_tokens = 12;
+  m.prefill_seqs = 1;
+  p.fit_points = {m};
+  p.heldout_points = {m, m};
+  p.fit_error = {1, 0.5, 0.9, 1.2};
+  p.heldout_error = {2, 3.25, 7.5, 8};
+  return p;
+}
+
+TEST(CostProfile, RoundTripKeepsPredictions) {
+  const CostProfile p = profile();
+  test::TempFile f("", ".json");
+  write_cost_profile(f.path, p);
+  const CostProfile q = read_cost_profile(f.path);
+  EXPECT_EQ(q.processor, "Test CPU");
+  EXPECT_EQ(q.model.n_positions, 128);
+  EXPECT_EQ(q.kv_bytes_per_token, 1024);
+  EXPECT_EQ(q.libraries, p.libraries);
+  ASSERT_EQ(q.heldout_points.size(), 2u);
+  EXPECT_EQ(q.heldout_points[1].reps_ns, p.heldout_points[1].reps_ns);
+  EXPECT_EQ(q.heldout_error.p90_pct, 7.5);
+  EXPECT_EQ(q.cost.knot_ns, p.cost.knot_ns);
+  Random rng(1);
+  for (int i = 0; i < 100; ++i) {
+    const StepShape s = shape({{static_cast<int32_t>(rng.uniform_int(0, 500)),
+                                static_cast<int32_t>(rng.uniform_int(1, 600)), rng.uniform() < 0.5}});
+    EXPECT_EQ(q.cost.predict_ns(s), p.cost.predict_ns(s));
+  }
+  // And the text is stable: writing what was read gives the same file.
+  test::TempFile g("", ".json");
+  write_cost_profile(g.path, q);
+  std::ifstream a(f.path), b(g.path);
+  std::stringstream sa, sb;
+  sa << a.rdbuf();
+  sb << b.rdbuf();
+  EXPECT_EQ(sa.str(), sb.str());
+}
+
+TEST(CostProfile, BadFilesSayWhatIsWrong) {
+  auto expect = [](const std::string& text, const std::string& what) {
+    test::TempFile f(text, ".json");
+    try {
+      read_cost_profile(f.path);
+      ADD_FAILURE() << "accepted " << text.substr(0, 60);
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(f.path), std::string::npos) << e.what();
+    }
+  };
+  expect("{", "not JSON");
+  expect("{\"format\": \"something\"}", "troupe-cost-profile");
+  auto j = profile().to_json();
+  j["version"] = 99;
+  expect(j.dump(), "version 99");
+  j = profile().to_json();
+  j.erase("kv_bytes_per_token");
+  expect(j.dump(), "kv_bytes_per_token");
+  j = profile().to_json();
+  j["model"]["n_layer"] = "two";
+  expect(j.dump(), "n_layer");
+  EXPECT_THROW(read_cost_profile("/nonexistent/cost.json"), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace troupe::cluster::sim

@@ -1,0 +1,306 @@
+// The simulator on cases with known answers: event order, one request's
+// timeline (local, remote, two steps in flight), concurrency limits,
+// clipping, prefix sharing across requests, preemption, determinism, and an
+// M/D/1 queue.
+#include "cluster/sim/simulator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cluster/sim/event_queue.hpp"
+#include "sim_test_utils.hpp"
+
+namespace troupe::cluster::sim {
+namespace {
+
+using test::constant_cost;
+using test::worker;
+
+constexpr int64_t kMs = 1'000'000;
+
+WorkloadRequest request(int64_t at_ns, int32_t in, int32_t out) {
+  WorkloadRequest r;
+  r.arrival_ns = at_ns;
+  r.input_len = in;
+  r.output_len = out;
+  return r;
+}
+
+TEST(EventQueue, TiesBreakByKindThenPushOrder) {
+  EventQueue q;
+  q.push(5, EventKind::kSample, 0);
+  q.push(5, EventKind::kArrival, 1);
+  q.push(5, EventKind::kArrival, 2);
+  q.push(5, EventKind::kStepDone, 3);
+  q.push(4, EventKind::kSample, 4);
+  q.push(5, EventKind::kResultArrive, 5);
+  q.push(5, EventKind::kPlanArrive, 6);
+  std::vector<uint64_t> order;
+  while (!q.empty()) order.push_back(q.pop().target);
+  EXPECT_EQ(order, (std::vector<uint64_t>{4, 3, 6, 5, 1, 2, 0}));
+  EXPECT_EQ(q.pushed(), 7u);
+}
+
+TEST(Simulator, OneRequestOnALocalWorker) {
+  // Step time S. Two steps in flight: the prefill and the first decode go at
+  // once and run back to back, so the k-th token arrives at k*S.
+  SimOptions o;
+  o.workers = {worker(constant_cost(10 * kMs))};
+  const SimResult r = simulate({request(0, 40, 5)}, o);
+  ASSERT_EQ(r.requests.size(), 1u);
+  const auto& t = r.requests[0];
+  ASSERT_TRUE(t.success) << t.error;
+  EXPECT_EQ(t.output_tokens, 5);
+  EXPECT_EQ(t.token_ns, (std::vector<int64_t>{10 * kMs, 20 * kMs, 30 * kMs, 40 * kMs, 50 * kMs}));
+  EXPECT_EQ(t.end_ns, 50 * kMs);
+  EXPECT_EQ(r.scheduled_ns[0], 0);
+  EXPECT_EQ(r.workers[0].steps, 5);
+  EXPECT_EQ(r.workers[0].busy_ns, 50 * kMs);
+  EXPECT_EQ(r.workers[0].tokens_run, 40 + 4);
+  EXPECT_EQ(r.workers[0].refused_items, 0);
+}
+
+TEST(Simulator, RemoteWorkerPaysTheRoundTrip) {
+  // Latency L each way, no bandwidth limit. With L small (2L < S) the second
+  // plan is always there in time: token k at 2L + k*S.
+  SimOptions o;
+  SimWorkerSpec w = worker(constant_cost(10 * kMs));
+  w.link.latency_ns = 2 * kMs;
+  o.workers = {w};
+  SimResult r = simulate({request(0, 40, 4)}, o);
+  EXPECT_EQ(r.requests[0].token_ns, (std::vector<int64_t>{14 * kMs, 24 * kMs, 34 * kMs, 44 * kMs}));
+  // With L = 3S the pipeline holds two steps per round trip 2L + S: one token
+  // every (2L + S) / 2 = 3.5 S after the first.
+  o.workers[0].link.latency_ns = 30 * kMs;
+  r = simulate({request(0, 40, 5)}, o);
+  const auto& t = r.requests[0].token_ns;
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[0], 70 * kMs);
+  EXPECT_EQ(t[1], 80 * kMs);  // the second plan went out at 0 with the first
+  EXPECT_EQ(t[2] - t[0], 70 * kMs);
+  EXPECT_EQ(t[3] - t[1], 70 * kMs);
+}
+
+TEST(Simulator, BandwidthDelaysBigPlans) {
+  // 40 prompt tokens over 1 MB/s: the first plan carries them (a few hundred
+  // bytes), so its arrival is later than latency alone by bytes / bandwidth.
+  SimOptions o;
+  SimWorkerSpec w = worker(constant_cost(10 * kMs));
+  w.link.latency_ns = kMs;
+  w.link.bandwidth_bytes_per_s = 1e6;
+  o.workers = {w};
+  const SimResult r = simulate({request(0, 40, 1)}, o);
+  core::StepPlan p;
+  p.new_seqs.push_back({1, std::vector<int32_t>(40), 0, {0, 1, 2}, {}});
+  p.work.push_back({1, 0, 40, {}, true});  // admission sends the whole table in new_seqs
+  core::StepResult res;
+  res.outputs.push_back({1, {5, 0, {}}});
+  const int64_t down = kMs + w.link.serialization_ns(estimate_plan_bytes(p));
+  const int64_t up = kMs + w.link.serialization_ns(estimate_result_bytes(res));
+  EXPECT_GT(down, kMs + 100'000);  // > 100 bytes
+  EXPECT_EQ(r.requests[0].token_ns[0], down + 10 * kMs + up);
+}
+
+TEST(Channel, SerialisesMessagesInOrder) {
+  NetworkLink l;
+  l.latency_ns = 100;
+  l.bandwidth_bytes_per_s = 1e9;  // 1 byte per ns
+  Channel c;
+  EXPECT_EQ(c.send(0, 50, l), 150);
+  EXPECT_EQ(c.send(10, 50, l), 200);  // waits for the first to leave the wire
+  EXPECT_EQ(c.send(500, 10, l), 610);
+}
+
+TEST(Simulator, ConcurrencyLimitMakesAClosedLoop) {
+  SimOptions o;
+  o.workers = {worker(constant_cost(kMs))};
+  o.max_concurrency = 1;
+  std::vector<WorkloadRequest> w(4, request(0, 8, 3));
+  const SimResult r = simulate(w, o);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.requests[i].start_ns, static_cast<int64_t>(i) * 3 * kMs)
+        << i;  // sent when the last one ended
+    EXPECT_EQ(r.requests[i].end_ns - r.requests[i].start_ns, 3 * kMs) << i;
+  }
+  o.max_concurrency = 0;  // all at once: they share steps
+  const SimResult all = simulate(w, o);
+  for (const auto& t : all.requests) EXPECT_EQ(t.start_ns, 0);
+  EXPECT_LT(all.end_ns, r.end_ns);
+}
+
+TEST(Simulator, OverlongRequestsAreClippedOrFail) {
+  SimOptions o;
+  o.workers = {worker(constant_cost(kMs), 256, 64)};
+  std::vector<WorkloadRequest> w = {request(0, 100, 10), request(0, 30, 10), request(0, 5, 80)};
+  SimResult r = simulate(w, o);
+  EXPECT_EQ(r.clipped, 2);
+  EXPECT_EQ(r.requests[0].prompt_tokens, 54);  // 64 - 10
+  EXPECT_EQ(r.requests[0].output_tokens, 10);
+  EXPECT_EQ(r.requests[2].prompt_tokens, 1);
+  EXPECT_EQ(r.requests[2].output_tokens, 63);
+  for (const auto& t : r.requests) EXPECT_TRUE(t.success) << t.error;
+  o.overlong = OverlongPolicy::kFail;
+  r = simulate(w, o);
+  EXPECT_FALSE(r.requests[0].success);
+  EXPECT_NE(r.requests[0].error.find("max_model_len"), std::string::npos) << r.requests[0].error;
+  EXPECT_TRUE(r.requests[1].success);
+  EXPECT_FALSE(r.requests[2].success);
+}
+
+TEST(Simulator, SharedTraceBlocksHitThePrefixCache) {
+  SimOptions o;
+  o.workers = {worker(constant_cost(kMs)), worker(constant_cost(kMs))};
+  o.prompts.trace_block_tokens = 32;
+  WorkloadRequest a = request(0, 100, 2), b = request(50 * kMs, 90, 2), c = request(60 * kMs, 90, 2);
+  a.hash_ids = {1, 2, 3, 4};
+  b.hash_ids = {1, 2, 5};
+  c.hash_ids = {6, 2, 3};  // block 2 equal to a's, but after a different first block: no hit
+  const SimResult r = simulate({a, b, c}, o);
+  EXPECT_EQ(r.cached_tokens[0], 0);
+  EXPECT_EQ(r.cached_tokens[1], 64);  // two 32-token trace blocks = 4 KV blocks of 16
+  EXPECT_EQ(r.cached_tokens[2], 0);
+  EXPECT_EQ(r.worker[1], r.worker[0]);  // prefix affinity sent it where the prefix lives
+}
+
+TEST(Simulator, PreemptionUnderKvPressureLosesNothing) {
+  SimOptions o;
+  o.workers = {worker(constant_cost(kMs), 12)};  // 12 blocks of 16 tokens
+  std::vector<WorkloadRequest> w;
+  for (int i = 0; i < 6; ++i) w.push_back(request(i * kMs / 10, 20, 40));
+  const SimResult r = simulate(w, o);
+  EXPECT_GT(r.workers[0].preemptions, 0);
+  for (const auto& t : r.requests) {
+    EXPECT_TRUE(t.success) << t.error;
+    EXPECT_EQ(t.output_tokens, 40);
+    EXPECT_EQ(t.token_ns.size(), 40u);
+  }
+  EXPECT_EQ(r.workers[0].tokens_generated, 240);
+  EXPECT_EQ(r.workers[0].refused_items, 0);
+}
+
+TEST(Simulator, TimeSeriesAccountsForTheRun) {
+  SimOptions o;
+  o.workers = {worker(constant_cost(5 * kMs)), worker(constant_cost(5 * kMs))};
+  o.sample_interval_ns = 20 * kMs;
+  std::vector<WorkloadRequest> w;
+  for (int i = 0; i < 20; ++i) w.push_back(request(i * 7 * kMs, 30, 10));
+  const SimResult r = simulate(w, o);
+  ASSERT_FALSE(r.series.empty());
+  int64_t tokens = 0, finished = 0;
+  for (const auto& p : r.series) {
+    tokens += p.output_tokens;
+    finished += p.finished;
+    ASSERT_EQ(p.workers.size(), 2u);
+    for (const auto& x : p.workers) {
+      EXPECT_GE(x.busy, 0);
+      EXPECT_LE(x.busy, 1 + 1e-12);
+    }
+  }
+  EXPECT_EQ(tokens, 200);
+  EXPECT_EQ(finished, 20);
+  EXPECT_EQ(r.series.back().t_ns, r.end_ns);
+  int64_t busy = 0;
+  for (const auto& x : r.workers) busy += x.busy_ns;
+  double busy_from_series = 0;
+  int64_t prev = 0;
+  for (const auto& p : r.series) {
+    for (const auto& x : p.workers) busy_from_series += x.busy * static_cast<double>(p.t_ns - prev);
+    prev = p.t_ns;
+  }
+  EXPECT_NEAR(busy_from_series, static_cast<double>(busy), 1e3);
+}
+
+TEST(Simulator, RejectsBadOptions) {
+  SimOptions o;
+  EXPECT_THROW(simulate({request(0, 1, 1)}, o), std::invalid_argument);  // no workers
+  o.workers = {worker(nullptr)};
+  EXPECT_THROW(simulate({request(0, 1, 1)}, o), std::invalid_argument);
+  o.workers = {worker(constant_cost(kMs))};
+  EXPECT_THROW(simulate({}, o), std::invalid_argument);
+  EXPECT_THROW(simulate({request(5, 1, 1), request(0, 1, 1)}, o), std::invalid_argument);  // out of order
+  EXPECT_THROW(simulate({request(0, 0, 1)}, o), std::invalid_argument);
+}
+
+TEST(Simulator, ShortcutsChangeNothing) {
+  // Planning only the workers that changed (Batcher::schedule(now, worker))
+  // must plan exactly what planning every worker would, and running plans
+  // without worker tables must give what the tables give: compare whole
+  // runs, with preemption, network and a concurrency limit in play.
+  SyntheticOptions so;
+  so.num_requests = 300;
+  so.request_rate = 400;
+  so.seed = 5;
+  so.input = parse_length_distribution("uniform:60:0.8");
+  so.output = parse_length_distribution("uniform:30:0.9");
+  const auto w = generate_synthetic(so);
+  SimOptions o;
+  for (int i = 0; i < 3; ++i) {
+    SimWorkerSpec x = worker(constant_cost((2 + i) * kMs), 24);
+    x.link.latency_ns = i * 300'000;
+    o.workers.push_back(x);
+  }
+  o.max_concurrency = 40;
+  o.batcher.placement = core::PlacementPolicy::kLeastLoaded;
+  const SimResult some = simulate(w, o);
+  o.schedule_all_workers = true;
+  const SimResult all = simulate(w, o);
+  o.schedule_all_workers = false;
+  o.worker_tables = false;  // plans run as they stand: the same tokens at the same times
+  const SimResult untabled = simulate(w, o);
+  int64_t preemptions = 0;
+  for (const auto& x : some.workers) preemptions += x.preemptions;
+  EXPECT_GT(preemptions, 0);
+  ASSERT_EQ(some.requests.size(), all.requests.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(some.requests[i].token_ns, all.requests[i].token_ns) << i;
+    EXPECT_EQ(some.requests[i].start_ns, all.requests[i].start_ns) << i;
+    EXPECT_EQ(some.worker[i], all.worker[i]) << i;
+    EXPECT_EQ(some.requests[i].token_ns, untabled.requests[i].token_ns) << i;
+  }
+}
+
+TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
+  // One worker taking one request at a time (max_num_seqs 1), each needing a
+  // single step of S (one output token): an M/D/1 queue. Its mean wait is
+  // rho * S / (2 (1 - rho)) (Pollaczek-Khinchine). Waits are correlated, so
+  // the tolerance comes from batch means: 4 standard errors of 40 batches.
+  const double S = 10e6, rho = 0.5;
+  SyntheticOptions so;
+  so.num_requests = 40000;
+  so.request_rate = rho / (S / 1e9);
+  so.seed = 21;
+  so.input = parse_length_distribution("16");
+  so.output = parse_length_distribution("1");
+  SimOptions o;
+  SimWorkerSpec w = worker(constant_cost(S));
+  w.scheduler.max_num_seqs = 1;
+  o.workers = {w};
+  o.sample_interval_ns = 0;
+  const SimResult r = simulate(generate_synthetic(so), o);
+  std::vector<double> waits;
+  for (const auto& t : r.requests) {
+    ASSERT_TRUE(t.success);
+    waits.push_back(static_cast<double>(t.token_ns[0] - t.start_ns) - S);  // TTFT = wait + S
+  }
+  const size_t batches = 40, per = waits.size() / batches;
+  std::vector<double> means;
+  for (size_t b = 0; b < batches; ++b) {
+    double s = 0;
+    for (size_t i = b * per; i < (b + 1) * per; ++i) s += waits[i];
+    means.push_back(s / per);
+  }
+  double mean = 0, var = 0;
+  for (double m : means) mean += m;
+  mean /= batches;
+  for (double m : means) var += (m - mean) * (m - mean);
+  const double se = std::sqrt(var / (batches - 1) / batches);
+  const double expected = rho * S / (2 * (1 - rho));
+  RecordProperty("mean_wait_ns", std::to_string(mean));
+  RecordProperty("standard_error_ns", std::to_string(se));
+  EXPECT_LT(se, 0.05 * expected);  // the test can tell a wrong queue from a right one
+  EXPECT_NEAR(mean, expected, 4 * se) << "se " << se;
+}
+
+}  // namespace
+}  // namespace troupe::cluster::sim
