@@ -180,6 +180,7 @@ int submit_one(const SubmitFlags& f) {
   } else {
     if (out.finished) std::fwrite(out.finished->text.data(), 1, out.finished->text.size(), stdout);
     std::printf("\n");
+    std::fflush(stdout);
     if (out.error) {
       std::fprintf(stderr, "troupe submit: %s\n", out.error->c_str());
     } else if (out.finished && !f.quiet) {
