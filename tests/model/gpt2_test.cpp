@@ -155,6 +155,23 @@ TEST_P(Gpt2Test, ContiguousMatchesFullStepByStepAndGreedy) {
   EXPECT_EQ(kv.length, 29);
 }
 
+TEST_P(Gpt2Test, ContiguousLastRowIsTheLastRowOfAll) {
+  const std::vector<int32_t> seq = random_ids(12, 4, cfg.vocab_size);
+  ContiguousKv all_kv = model.make_contiguous_cache(20), last_kv = model.make_contiguous_cache(20);
+  const torch::Tensor all = model.forward_contiguous(seq, all_kv);
+  const torch::Tensor last = model.forward_contiguous(seq, last_kv, LogitRows::kLast);
+  ASSERT_EQ(last.sizes(), (std::vector<int64_t>{1, cfg.vocab_size}));
+  EXPECT_LT(max_diff(last[0], all[-1]), 1e-5);
+  EXPECT_EQ(last_kv.length, 12);
+  // The caches agree, so the next step does too.
+  const torch::Tensor next_all = model.forward_contiguous({7}, all_kv, LogitRows::kLast);
+  const torch::Tensor next_last = model.forward_contiguous({7}, last_kv, LogitRows::kLast);
+  EXPECT_LT(max_diff(next_all, next_last), 1e-5);
+  std::vector<int32_t> longer = seq;
+  longer.push_back(7);
+  EXPECT_LT(max_diff(next_last[0], model.forward_full(longer)[-1]), 1e-4);
+}
+
 TEST_P(Gpt2Test, FullAndContiguousRejectBadInput) {
   EXPECT_THROW(model.forward_full({}), std::invalid_argument);
   EXPECT_THROW(model.forward_full(std::vector<int32_t>(cfg.n_positions + 1, 1)), std::invalid_argument);

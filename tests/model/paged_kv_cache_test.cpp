@@ -1,7 +1,10 @@
-// PagedKvCache: sizes and slot writes (CPU and torch-ops paths).
+// PagedKvCache: sizes, slot writes (CPU and torch-ops paths), and that the
+// pools cost resident memory only where blocks are written.
 #include "model/paged_kv_cache.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -13,6 +16,18 @@
 
 namespace troupe::model {
 namespace {
+
+// Bytes of [p, p + bytes) resident in memory (mincore: exact, no timing).
+int64_t resident_bytes(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * static_cast<int64_t>(page);
+}
 
 TEST(PagedKvCache, SizesAndValidation) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");  // 2 layers, width 64
@@ -59,6 +74,25 @@ TEST(PagedKvCache, WritePutsEachTokenInItsSlot) {
   EXPECT_EQ(portable.k(0).abs().sum().item<float>(), 0.f);
   EXPECT_THROW(cache.write(2, slots, k, v), std::invalid_argument);
   EXPECT_THROW(cache.write(0, slots.slice(0, 0, 2), k, v), std::invalid_argument);
+}
+
+TEST(PagedKvCache, PoolsAreResidentOnlyWhereBlocksAreWritten) {
+  const Gpt2Config cfg = Gpt2Config::preset("gpt2");  // a block of 16 tokens: 48 KiB per pool
+  PagedKvCache cache(cfg, 2048, 16);                  // 96 MiB per pool, 2.25 GiB in all
+  const size_t pool_bytes = static_cast<size_t>(cache.k(0).numel()) * sizeof(float);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    ASSERT_EQ(resident_bytes(cache.k(l).data_ptr(), pool_bytes), 0) << "layer " << l;
+    ASSERT_EQ(resident_bytes(cache.v(l).data_ptr(), pool_bytes), 0) << "layer " << l;
+  }
+  // One token into block 1000 of layer 3: that block's pages (at most one
+  // transparent huge page where THP is "always"), nothing else.
+  const torch::Tensor kv = at::randn({1, cfg.n_head, cfg.head_dim()});
+  cache.write(3, torch::tensor(std::vector<int64_t>{1000 * 16 + 5}, torch::kLong), kv, kv);
+  const int64_t touched = resident_bytes(cache.k(3).data_ptr(), pool_bytes);
+  EXPECT_GT(touched, 0);
+  EXPECT_LE(touched, int64_t{4} << 20);
+  EXPECT_EQ(resident_bytes(cache.k(2).data_ptr(), pool_bytes), 0);
+  EXPECT_TRUE(at::equal(cache.k(3)[1000].select(1, 5), kv[0]));
 }
 
 }  // namespace
