@@ -11,8 +11,9 @@
 namespace troupe::model {
 
 // Queries of one sequence that share a pass over its K/V blocks: each block
-// is loaded once per tile and stays in L1 (16 x 64 fp32 = 4 KiB).
-constexpr int64_t kAttentionQueryTile = 8;
+// is loaded once per tile and stays in L1 (16 x 64 fp32 = 4 KiB); in a long
+// tile the queries are the vector lanes.
+constexpr int64_t kAttentionQueryTile = 16;
 
 // Up to kAttentionQueryTile consecutive query rows of one sequence and one
 // head. Row i sits at position first_pos + i and attends to positions
@@ -35,7 +36,8 @@ struct AttentionTile {
 
 // Floats of scratch one call needs.
 inline int64_t attention_scratch_floats(int64_t head_dim, int64_t block_size) {
-  return 2 * kAttentionQueryTile * head_dim + 2 * kAttentionQueryTile + block_size;
+  return 2 * kAttentionQueryTile * head_dim + block_size * kAttentionQueryTile + 2 * kAttentionQueryTile +
+         block_size;
 }
 
 using AttendTileFn = void (*)(const AttentionTile& tile, float* scratch);
