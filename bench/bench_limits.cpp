@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "common/bench_util.hpp"
 #include "common/machine_limits.hpp"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   ensure_passive_openmp(argc, argv);
   ThreadOptions threads;
   int rounds = 5;
+  std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
   std::vector<CpuIsa> isas;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -73,8 +75,12 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc)
       isas = troupe::bench::parse_variants(argv[++i]);
+    else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc)
+      profile = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
+                   "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }
   }
@@ -93,19 +99,28 @@ int main(int argc, char** argv) {
     v.model = std::make_unique<Gpt2>(cfg, weights, torch::kCPU);
     vs.push_back(std::move(v));
   }
-  const double read_gbs = bench::read_bandwidth_gbs();
-  for (auto& v : vs) v.peak = bench::fma_peak_gflops(v.isa);
-  const double floor_ms = weight_bytes(cfg) / (read_gbs * 1e9) * 1e3;
-  std::printf("streaming read: %.1f GB/s; weights %.1f MB -> memory floor %.2f ms per decode step\n",
-              read_gbs, weight_bytes(cfg) * 1e-6, floor_ms);
-  for (const auto& v : vs) std::printf("FMA peak, %s instructions: %.1f GFLOP/s\n", to_string(v.isa), v.peak);
-
   const FlatBatch decode1 = bench::step_batch(1, 1, 64), prefill = bench::step_batch(1, 512, 512),
                   decode64 = bench::step_batch(64, 1, 128);
   auto cache1 = bench::filled_cache(cfg, 4), cache_p = bench::filled_cache(cfg, 32),
        cache64 = bench::filled_cache(cfg, 64 * 8);
+  if (!profile.empty()) {
+    const bool p = profile == "prefill", d1 = profile == "decode1";
+    ScopedKernelIsa scope(vs.front().isa);
+    for (int r = 0; r < rounds; ++r) {
+      const auto t0 = Clock::now();
+      vs.front().model->forward_step(p ? prefill : d1 ? decode1 : decode64, p ? *cache_p : d1 ? *cache1 : *cache64);
+      std::printf("%s %s: %.1f ms\n", profile.c_str(), to_string(vs.front().isa), ms_since(t0));
+    }
+    return 0;
+  }
+  // The limits are measured again every round, between the figures, and
+  // the best of the rounds counts: on a shared machine a limit taken once
+  // may catch a busy moment the figures do not (or the other way round).
+  double read_gbs = 0;
   for (int r = -1; r < rounds; ++r) {  // round -1 warms up
+    read_gbs = std::max(read_gbs, bench::read_bandwidth_gbs(size_t{512} << 20, 0, 2));
     for (auto& v : vs) {
+      v.peak = std::max(v.peak, bench::fma_peak_gflops(v.isa));
       ScopedKernelIsa scope(v.isa);
       double best1 = 1e30;
       for (int k = 0; k < 5; ++k) {
@@ -125,6 +140,12 @@ int main(int argc, char** argv) {
       v.decode64.push_back(d64_ms);
     }
   }
+  const double floor_ms = weight_bytes(cfg) / (read_gbs * 1e9) * 1e3;
+  std::printf("streaming read (best of the rounds): %.1f GB/s; weights %.1f MB -> memory floor %.2f ms per decode step\n",
+              read_gbs, weight_bytes(cfg) * 1e-6, floor_ms);
+  for (const auto& v : vs)
+    std::printf("FMA peak (best of the rounds), %s instructions, %d threads: %.1f GFLOP/s\n", to_string(v.isa),
+                at::get_num_threads(), v.peak);
   const double fp = bench::step_flops(cfg, 1, 512, 512), fd = bench::step_flops(cfg, 64, 1, 128);
   std::printf("\n%d rounds, variants alternating; best (median) per figure\n\n", rounds);
   std::printf("%-8s | %-32s | %-34s | %-34s\n", "variant", "decode batch 1, ctx 64 (<= 1.1x)",
