@@ -137,6 +137,7 @@ TEST(Cli, GenerateJsonHasEveryField) {
     EXPECT_EQ(j["logprobs"][i]["top"].size(), 3u);
   }
   for (const char* k : {"prefill_ms", "decode_ms", "tokens_per_s"}) EXPECT_TRUE(j["timing"][k].is_number()) << k;
+  for (const char* k : {"cpu", "kernels"}) EXPECT_TRUE(j["timing"][k].is_string()) << k;
 }
 
 TEST(Cli, GenerateModesAgreeAndSeedsReproduce) {
