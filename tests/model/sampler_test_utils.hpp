@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "model/step_plan.hpp"
+#include "core/sampling_params.hpp"
 
 namespace troupe::test {
 
@@ -17,9 +17,9 @@ inline std::vector<float> gaussian_logits(int64_t vocab, float stddev, uint32_t 
   return l;
 }
 
-inline model::SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.0f,
+inline core::SamplingParams params(float temperature, int32_t top_k = 0, float top_p = 1.0f,
                                     uint64_t seed = 7, int32_t logprobs = -1) {
-  model::SamplingParams p;
+  core::SamplingParams p;
   p.temperature = temperature;
   p.top_k = top_k;
   p.top_p = top_p;
