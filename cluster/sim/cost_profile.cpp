@@ -1,7 +1,10 @@
 #include "cluster/sim/cost_profile.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
+
+#include "core/serving_metrics.hpp"
 
 namespace troupe::cluster::sim {
 namespace {
@@ -76,6 +79,37 @@ FitError error_from(const json& j) {
 
 }  // namespace
 
+RepStat parse_rep_stat(const std::string& text) {
+  if (text == "min") return RepStat::kMin;
+  if (text == "median") return RepStat::kMedian;
+  throw std::invalid_argument("the statistic of repetitions must be min or median, got '" + text + "'");
+}
+
+const char* to_string(RepStat stat) { return stat == RepStat::kMin ? "min" : "median"; }
+
+void refit(CostProfile& p, RepStat stat) {
+  if (p.fit_points.empty()) throw std::invalid_argument("refit: the profile has no fit points");
+  int64_t largest = 1;
+  std::vector<CostSample> fit, held;
+  for (auto* points : {&p.fit_points, &p.heldout_points}) {
+    for (MeasuredStep& m : *points) {
+      if (m.reps_ns.empty()) throw std::invalid_argument("refit: a point has no repetitions");
+      std::vector<double> reps = m.reps_ns;
+      m.sample.ns =
+          stat == RepStat::kMin ? *std::min_element(reps.begin(), reps.end()) : core::percentile(reps, 50);
+      largest = std::max(largest, m.sample.shape.tokens);
+      (points == &p.fit_points ? fit : held).push_back(m.sample);
+    }
+  }
+  std::vector<double> knots = {1};
+  for (double k = 4; k < static_cast<double>(largest); k *= 4) knots.push_back(k);
+  if (largest > 1) knots.push_back(static_cast<double>(largest));
+  p.stat = stat;
+  p.cost = CostModel::fit(knots, fit);
+  p.fit_error = fit_error(p.cost, fit);
+  p.heldout_error = fit_error(p.cost, held);
+}
+
 ordered_json CostProfile::to_json() const {
   ordered_json j;
   j["format"] = "troupe-cost-profile";
@@ -92,6 +126,7 @@ ordered_json CostProfile::to_json() const {
   j["block_size"] = block_size;
   j["kv_bytes_per_token"] = kv_bytes_per_token;
   j["sampling"] = sampling;
+  j["rep_stat"] = to_string(stat);
   j["cost_model"] = cost.to_json();
   j["fit_error"] = error_json(fit_error);
   j["heldout_error"] = error_json(heldout_error);
@@ -128,6 +163,11 @@ CostProfile CostProfile::from_json(const json& j) {
   p.kv_bytes_per_token = get<int64_t>(j, "kv_bytes_per_token");
   if (p.block_size < 1 || p.kv_bytes_per_token < 1) bad("block_size and kv_bytes_per_token must be >= 1");
   p.sampling = get<std::string>(j, "sampling");
+  try {
+    p.stat = parse_rep_stat(get<std::string>(j, "rep_stat"));
+  } catch (const std::invalid_argument& e) {
+    bad(e.what());
+  }
   p.cost = CostModel::from_json(field(j, "cost_model"));
   p.fit_error = error_from(field(j, "fit_error"));
   p.heldout_error = error_from(field(j, "heldout_error"));
