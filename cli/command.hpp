@@ -22,6 +22,7 @@ void add_model_commands(CLI::App& app, Registry& registry);     // init-model, d
 void add_generate_command(CLI::App& app, Registry& registry);   // generate
 void add_batch_command(CLI::App& app, Registry& registry);      // batch
 void add_profile_command(CLI::App& app, Registry& registry);    // profile
+void add_simulate_command(CLI::App& app, Registry& registry);   // simulate
 
 // The default tokenizer folder (GPT-2's vocab.json + merges.txt), used by init-model.
 std::string default_tokenizer_dir();

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_generate_command(app, registry);
   troupe::cli::add_batch_command(app, registry);
   troupe::cli::add_profile_command(app, registry);
+  troupe::cli::add_simulate_command(app, registry);
 
   try {
     app.parse(argc, argv);
