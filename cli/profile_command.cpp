@@ -36,8 +36,12 @@ void print_report(const std::string& out, const cluster::sim::CostProfile& p) {
               p.fit_points.empty() ? size_t{0} : p.fit_points[0].reps_ns.size());
   print_error_line("fit error (grid):", p.fit_error);
   print_error_line("held-out error (random steps):", p.heldout_error);
+  print_error_line("repeatability (even vs odd runs):", p.repeatability);
   const bool met = p.heldout_error.median_pct <= 5 && p.heldout_error.p90_pct <= 10;
   std::printf("target on held-out steps: median <= 5%%, p90 <= 10%%: %s\n", met ? "met" : "NOT met");
+  if (!met && p.repeatability.median_pct > 5)
+    std::printf("(this machine repeats a step's time within %.1f%% (median): quieten it and profile again)\n",
+                p.repeatability.median_pct);
 }
 
 int run_profile(ProfileFlags& f) {

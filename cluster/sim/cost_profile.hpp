@@ -59,6 +59,10 @@ struct CostProfile {
   CostModel cost;
   std::vector<MeasuredStep> fit_points, heldout_points;
   FitError fit_error, heldout_error;
+  // How well the machine repeats itself: each point's time from its even runs
+  // against from its odd runs (the statistic above), relative difference over
+  // every point. No model fits better than its measurements repeat. (Needs 2 runs.)
+  FitError repeatability;
 
   nlohmann::ordered_json to_json() const;
   static CostProfile from_json(const nlohmann::json& j);  // std::runtime_error naming the field

@@ -216,6 +216,9 @@ TEST(CostProfile, RefitChoosesTheStatisticAndFitsAgain) {
   EXPECT_EQ(p.fit_points[0].sample.ns, p.fit_points[0].reps_ns[1]);
   EXPECT_LT(p.heldout_error.max_pct, 0.01);
   EXPECT_EQ(p.heldout_error.points, 30u);
+  // Even runs {1.01t, 3t} against odd runs {t, 1.02t}: minima 1.01t and t, 1% apart.
+  EXPECT_EQ(p.repeatability.points, 120u);
+  EXPECT_NEAR(p.repeatability.median_pct, 1.0, 1e-6);
   int64_t largest = 0;
   for (const auto& m : p.fit_points) largest = std::max(largest, m.sample.shape.tokens);
   for (const auto& m : p.heldout_points) largest = std::max(largest, m.sample.shape.tokens);
