@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "cluster/client.hpp"
+#include "cluster/emulated_worker.hpp"
+#include "cluster/sim/cost_profile.hpp"
 #include "process.hpp"
 #include "test_utils.hpp"
 #include "tiny_model.hpp"
@@ -460,6 +462,71 @@ TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
   ASSERT_TRUE(st);
   ASSERT_EQ(st->workers.size(), 1u);
   EXPECT_EQ(st->workers[0].node, "far-away");
+}
+
+// `troupe worker --emulate`: no model, the real protocol. Three emulated
+// workers in one node join a real head and serve jobs through the real
+// router and batcher: every job gets exactly its forced length, of the
+// emulated tokens, and each worker spends at least the predicted time per step.
+TEST(Cluster, EmulatedWorkersJoinARealHeadAndServeJobs) {
+  TempDir dir;
+  cluster::sim::CostProfile profile;
+  profile.device = "cpu";
+  profile.processor = "a test's made-up profile";
+  profile.kv_bytes_per_token = 4608;
+  profile.cost.knots = {1, 64};
+  profile.cost.knot_ns = {3e6, 5e6};  // 3 ms for a one-token step, 5 ms for 64 tokens
+  const std::string cost = dir.file("cost.json");
+  cluster::sim::write_cost_profile(cost, profile);
+
+  Head head(dir, "head", {"--workers", "0"});
+  auto node = start_worker(dir, head, "emu", {"--workers", "3", "--emulate", cost});
+  ASSERT_TRUE(head.wait_workers(3)) << head.proc->log() << node->log();
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 30, 20, 5);
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log() << node->log();
+  const auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 30u);
+  std::map<int, int> want;  // id -> max_tokens
+  for (const auto& j : read_jsonl(jobs)) want[j["id"].get<int>()] = j["max_tokens"].get<int>();
+  for (const auto& o : out) {
+    ASSERT_FALSE(o.contains("error")) << o.dump();
+    EXPECT_EQ(o["finish_reason"], "length");
+    const auto ids = o["ids"].get<std::vector<int>>();
+    EXPECT_EQ(static_cast<int>(ids.size()), want.at(o["id"].get<int>())) << o.dump();
+    for (int t : ids) EXPECT_NE(t, 50256) << "an emulated worker never samples eos";
+  }
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->requests_served, 30u);
+  ASSERT_EQ(st->workers.size(), 3u);
+  uint64_t tokens = 0;
+  for (const auto& w : st->workers) {
+    EXPECT_EQ(w.device, "emulated");
+    EXPECT_GT(w.steps, 0u) << "placement spreads the jobs";
+    // Each step sleeps at least the predicted 3 ms (a lower bound only).
+    EXPECT_GE(w.busy_s, 0.003 * static_cast<double>(w.steps) * 0.99) << w.node;
+    tokens += w.tokens;
+  }
+  uint64_t expected = 0;
+  for (const auto& [id, n] : want) expected += static_cast<uint64_t>(n);
+  EXPECT_EQ(tokens, expected);
+  node->signal(SIGTERM);
+  EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
+}
+
+TEST(EmulatedWorker, TokensAreDeterministicAndNeverEos) {
+  for (uint64_t seq = 1; seq < 50; ++seq) {
+    for (int32_t pos = 0; pos < 200; ++pos) {
+      const int32_t t = cluster::emulated_token(seq, pos, 7, 3);
+      EXPECT_NE(t, 3);
+      EXPECT_GE(t, 0);
+      EXPECT_LT(t, 7);
+      EXPECT_EQ(t, cluster::emulated_token(seq, pos, 7, 3));
+    }
+  }
+  EXPECT_NE(cluster::emulated_token(1, 0, 50257, 50256), cluster::emulated_token(2, 0, 50257, 50256));
 }
 
 }  // namespace
