@@ -299,12 +299,11 @@ TEST(Cli, BatchRejectsMissingInput) {
 
 TEST(Cli, DownloadFailsFastWithoutNetwork) {
   TempDir dir;
-  auto t0 = std::chrono::steady_clock::now();
+  // Download.UnreachableEndpointFailsFastWithManualSteps checks the failure
+  // is quick; here: the command's exit status and message.
   auto r = run_command("TROUPE_HF_ENDPOINT=http://127.0.0.1:9 " +
                        tcmd("download gpt2 --to " + shell_quote(dir.file("gpt2"))));
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.status, 0);
-  EXPECT_LT(s, 30.0);
   EXPECT_NE(r.output.find("init-model"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
 }
