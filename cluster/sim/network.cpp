@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "transport/protocol.hpp"
+
 namespace troupe::cluster::sim {
 namespace {
 
-// msgpack widths, roughly: a small map/array header and integers up to 9 bytes.
-constexpr int64_t kHeader = 24;    // frame, protocol id and version, message type, step id
-constexpr int64_t kId = 9;         // uint64
-constexpr int64_t kInt = 5;        // int32 (token ids, positions, block numbers)
-constexpr int64_t kSampling = 32;  // temperature, top_k, top_p, seed, logprobs
+// ZeroMQ's frame header: flags + a 1-byte length, or flags + an 8-byte one.
+int64_t with_zmq_framing(size_t body) { return static_cast<int64_t>(body) + (body > 255 ? 9 : 2); }
 
 }  // namespace
 
@@ -25,20 +24,12 @@ int64_t Channel::send(int64_t now, int64_t bytes, const NetworkLink& link) {
   return free_at_ + link.latency_ns;
 }
 
-int64_t estimate_plan_bytes(const core::StepPlan& plan) {
-  int64_t n = kHeader + kId * static_cast<int64_t>(plan.drop.size());
-  for (const auto& s : plan.new_seqs) {
-    n += kId + kInt + kSampling + kInt * static_cast<int64_t>(s.tokens.size() + s.block_table.size());
-  }
-  for (const auto& w : plan.work) n += kId + 2 * kInt + 1 + kInt * static_cast<int64_t>(w.new_blocks.size());
-  return n;
+int64_t plan_wire_bytes(const core::StepPlan& plan) {
+  return with_zmq_framing(transport::encode(transport::Plan{0, plan}).size());
 }
 
-int64_t estimate_result_bytes(const core::StepResult& r) {
-  int64_t n = kHeader + 16 + static_cast<int64_t>(r.error.size());  // + timings
-  for (const auto& o : r.outputs) n += kId + kInt + 5 + 10 * static_cast<int64_t>(o.token.top.size());
-  for (const auto& f : r.failures) n += kId + 1 + static_cast<int64_t>(f.error.size());
-  return n;
+int64_t result_wire_bytes(const core::StepResult& result) {
+  return with_zmq_framing(transport::encode(transport::Result{0, result}).size());
 }
 
 }  // namespace troupe::cluster::sim

@@ -2,9 +2,8 @@
 // The network between the head (batcher) and a worker, as the simulator sees
 // it: each message takes latency + bytes / bandwidth, and messages on one
 // link in one direction are serialised and arrive in order (ZeroMQ over one
-// TCP connection). Message sizes are *estimates* from the plan's contents
-// (ids, tokens, block numbers, sampling parameters at their msgpack widths),
-// not the real encoding: the transport layer's encoder will replace them.
+// TCP connection). Message sizes are exact: the transport's own encoding of
+// the plan or result (transport/protocol.hpp) plus ZeroMQ's frame header.
 #include <cstdint>
 
 #include "core/step_plan.hpp"
@@ -29,7 +28,9 @@ class Channel {
   int64_t free_at_ = 0;  // the wire is busy until then
 };
 
-int64_t estimate_plan_bytes(const core::StepPlan& plan);
-int64_t estimate_result_bytes(const core::StepResult& result);
+// Bytes of the frame that carries the plan (result) between head and node:
+// transport::encode of the message plus ZeroMQ's 2- or 9-byte frame header.
+int64_t plan_wire_bytes(const core::StepPlan& plan);
+int64_t result_wire_bytes(const core::StepResult& result);
 
 }  // namespace troupe::cluster::sim

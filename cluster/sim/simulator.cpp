@@ -59,6 +59,10 @@ struct Worker {
   int64_t busy_until(int64_t now) const { return busy_ns + (busy ? now - started : 0); }
 };
 
+// A message's size matters only on a link with a bandwidth (encoding every
+// plan of an in-process worker would only slow the simulation down).
+bool metered(const Worker& w) { return w.spec->link.bandwidth_bytes_per_s > 0; }
+
 class Simulation {
  public:
   Simulation(const std::vector<WorkloadRequest>& workload, const SimOptions& o)
@@ -240,7 +244,7 @@ class Simulation {
         auto plans = o_.schedule_all_workers ? batcher_.schedule(now_) : batcher_.schedule(now_, id);
         for (core::Dispatch& d : plans) {
           Worker& w = workers_[d.worker - 1];
-          const int64_t arrive = w.down.send(now_, estimate_plan_bytes(d.plan), w.spec->link);
+          const int64_t arrive = w.down.send(now_, metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
           w.to_worker.push_back(std::move(d.plan));
           push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
         }
@@ -326,7 +330,7 @@ class Simulation {
     w.busy_ns += now_ - w.started;
     w.busy = false;
     ++w.steps;
-    const int64_t arrive = w.up.send(now_, estimate_result_bytes(r), w.spec->link);
+    const int64_t arrive = w.up.send(now_, metered(w) ? result_wire_bytes(r) : 0, w.spec->link);
     w.to_head.push_back(std::move(r));
     push_work(arrive, EventKind::kResultArrive, w.id - 1);
     if (!w.queue.empty()) start(w);

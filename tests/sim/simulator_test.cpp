@@ -84,22 +84,26 @@ TEST(Simulator, RemoteWorkerPaysTheRoundTrip) {
 
 TEST(Simulator, BandwidthDelaysBigPlans) {
   // 40 prompt tokens over 1 MB/s: the first plan carries them (a few hundred
-  // bytes), so its arrival is later than latency alone by bytes / bandwidth.
+  // bytes of msgpack), so the first token comes later than over a link of
+  // latency alone by (plan bytes + result bytes) / bandwidth.
   SimOptions o;
   SimWorkerSpec w = worker(constant_cost(10 * kMs));
   w.link.latency_ns = kMs;
-  w.link.bandwidth_bytes_per_s = 1e6;
   o.workers = {w};
-  const SimResult r = simulate({request(0, 40, 1)}, o);
+  const int64_t latency_only = simulate({request(0, 40, 1)}, o).requests[0].token_ns[0];
+  EXPECT_EQ(latency_only, kMs + 10 * kMs + kMs);
+  o.workers[0].link.bandwidth_bytes_per_s = 1e6;
+  const int64_t metered = simulate({request(0, 40, 1)}, o).requests[0].token_ns[0];
+  // The same plan's size, built by hand: 40 ids of at most 5 bytes each.
   core::StepPlan p;
-  p.new_seqs.push_back({1, std::vector<int32_t>(40), 0, {0, 1, 2}, {}});
-  p.work.push_back({1, 0, 40, {}, true});  // admission sends the whole table in new_seqs
+  p.new_seqs.push_back({1, std::vector<int32_t>(40, 50000), 0, {0, 1, 2}, {}});
+  p.work.push_back({1, 0, 40, {}, true});
   core::StepResult res;
-  res.outputs.push_back({1, {5, 0, {}}});
-  const int64_t down = kMs + w.link.serialization_ns(estimate_plan_bytes(p));
-  const int64_t up = kMs + w.link.serialization_ns(estimate_result_bytes(res));
-  EXPECT_GT(down, kMs + 100'000);  // > 100 bytes
-  EXPECT_EQ(r.requests[0].token_ns[0], down + 10 * kMs + up);
+  res.outputs.push_back({1, {50000, 0, {}}});
+  const int64_t at_most = o.workers[0].link.serialization_ns(plan_wire_bytes(p) + result_wire_bytes(res));
+  const int64_t bytes_ns = metered - latency_only;  // 1 byte = 1 us
+  EXPECT_GT(bytes_ns, 40'000 + 20'000) << "40 token ids and the frame around them";
+  EXPECT_LE(bytes_ns, at_most + 2'000);
 }
 
 TEST(Channel, SerialisesMessagesInOrder) {
