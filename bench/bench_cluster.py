@@ -19,13 +19,15 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import troupe_procs as procs  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="models/gpt2")
@@ -40,7 +42,7 @@ a = ap.parse_args()
 T = a.troupe
 work = Path(a.out or tempfile.mkdtemp(prefix="bench-cluster-"))
 work.mkdir(parents=True, exist_ok=True)
-ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+ENV = procs.ENV
 
 
 def log(*x):
@@ -68,35 +70,8 @@ def run_batch(tag):
     return out_tokens(out) / (time.monotonic() - t0), out
 
 
-class Head:
-    def __init__(self, extra, tag):
-        self.ready = work / f"ready-{tag}"
-        self.ready.unlink(missing_ok=True)
-        self.log = open(work / f"head-{tag}.log", "w")
-        self.p = subprocess.Popen([T, "serve", "--model", a.model, "--listen", "tcp://127.0.0.1:*",
-                                   "--worker-listen", "tcp://127.0.0.1:*", "--kv-memory", "1GiB",
-                                   "--ready-file", str(self.ready), "--quiet"] + extra,
-                                  env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(1200):
-            if self.ready.exists():
-                break
-            if self.p.poll() is not None:
-                raise SystemExit(f"head exited: see {self.log.name}")
-            time.sleep(0.1)
-        self.to = re.search(r"listen=(\S+)", self.ready.read_text()).group(1)
-        want = len([x for x in extra if x]) and int(extra[extra.index("--workers") + 1])
-        for _ in range(600):
-            if len(self.status().get("workers", [])) >= want:
-                break
-            time.sleep(0.1)
-
-    def status(self):
-        r = subprocess.run([T, "status", "--to", self.to, "--json"], env=ENV, capture_output=True, text=True)
-        return json.loads(r.stdout) if r.returncode == 0 else {}
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=120)
+def Head(extra, tag):
+    return procs.Head(T, a.model, work, tag, ["--kv-memory", "1GiB"] + extra)
 
 
 def run_serve(extra, tag):
@@ -140,7 +115,7 @@ def ttft_served():
         h.stop()
 
 
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+cpu = procs.cpu_name()
 log(f"CPU: {cpu}; {os.cpu_count()} CPUs; workload {a.jobs} x (56-64 + {a.max_tokens}) greedy; {a.reps} reps")
 res = {"batch": [], "serve1": [], "serve2x1": [], "serve1x2": [], "idle1": [], "idle2x1": []}
 ref = None

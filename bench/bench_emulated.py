@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""How far one head goes (issue 9's emulated workers): a real `troupe serve --workers 0` head, emulated workers
+(`troupe worker --emulate COST.json`: the whole protocol, no model) and `troupe bench` over ZeroMQ. For each
+number of workers and load, the same request list also runs in `troupe simulate`, whose head costs nothing: the
+head's added latency is measured median TTFT - simulated median TTFT (likewise TPOT). Also the head's and the
+nodes' CPU use. Reports the first (workers, rate) where the head adds more than 5 ms.
+
+  bench/bench_emulated.py [--cost docs/profiles/...json] [--model models/gpt2] [--workers 4,16,64]
+                          [--per-node 16] [--loads 0.5,0.8] [--time-scale 0.1] [--num-requests 400]
+                          [--input-len 128] [--output-len 64] [--out DIR]
+
+--time-scale 0.1 makes each emulated step 10x faster than the profile (GPU-class workers), so the head
+sees more traffic per worker. Name the CPU beside the numbers: the head and the workers share it.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import troupe_procs as procs  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="models/gpt2")
+ap.add_argument("--troupe", default="build/troupe")
+ap.add_argument("--cost", default="docs/profiles/gpt2-124m-cpu-epyc-2threads.json")
+ap.add_argument("--workers", default="4,16,64")
+ap.add_argument("--per-node", type=int, default=16)
+ap.add_argument("--loads", default="0.5,0.8")
+ap.add_argument("--time-scale", type=float, default=0.1)
+ap.add_argument("--num-requests", type=int, default=400)
+ap.add_argument("--input-len", type=int, default=128)
+ap.add_argument("--output-len", type=int, default=64)
+ap.add_argument("--num-blocks", type=int, default=2048)
+ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--out", default=None)
+a = ap.parse_args()
+T = a.troupe
+work = Path(a.out or tempfile.mkdtemp(prefix="bench-emulated-"))
+work.mkdir(parents=True, exist_ok=True)
+
+
+def log(*x):
+    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, env=procs.ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+# The simulator takes the profile's times; the emulated workers multiply them by --time-scale: a scaled copy
+# of the profile keeps both on the same times.
+profile = json.load(open(a.cost))
+cm = profile["cost_model"]
+for k in ("decode_pair_ns", "item_ns", "prefill_pair_ns", "sample_row_ns"):
+    cm[k] *= a.time_scale
+cm["knot_ns"] = [x * a.time_scale for x in cm["knot_ns"]]
+scaled = work / "cost-scaled.json"
+json.dump(profile, open(scaled, "w"))
+
+workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.input_len), "--random-output-len",
+            str(a.output_len), "--range-ratio", "0.5", "--seed", str(a.seed)]
+
+
+def simulate(workers, rate, tag):
+    out = work / f"sim-{tag}.json"
+    run([T, "simulate", "--cost", str(scaled), "--workers", str(workers), "--num-blocks", str(a.num_blocks),
+         "--quiet", "--request-rate", str(rate), "--json", str(out)] + workload)
+    return json.load(open(out))
+
+
+def measure(workers, rate, tag):
+    head = procs.Head(T, a.model, work, tag, ["--workers", "0"], workers=0)
+    nodes = []
+    try:
+        for i in range(0, workers, a.per_node):
+            n = min(a.per_node, workers - i)
+            nodes.append(procs.Node(T, a.model, work, f"{tag}-n{i}", head,
+                                    ["--workers", str(n), "--emulate", a.cost, "--emulate-time-scale",
+                                     str(a.time_scale), "--num-blocks", str(a.num_blocks)]))
+        head.wait_workers(workers)
+        out = work / f"bench-{tag}.json"
+        cpu0 = procs.cpu_seconds(head.p.pid), sum(procs.cpu_seconds(n.p.pid) for n in nodes)
+        t0 = time.monotonic()
+        run([T, "bench", "--to", head.to, "--request-rate", str(rate), "--json", str(out)] + workload)
+        wall = time.monotonic() - t0
+        cpu1 = procs.cpu_seconds(head.p.pid), sum(procs.cpu_seconds(n.p.pid) for n in nodes)
+        r = json.load(open(out))
+        r["head_cpu"] = (cpu1[0] - cpu0[0]) / wall
+        r["nodes_cpu"] = (cpu1[1] - cpu0[1]) / wall
+        return r
+    finally:
+        for n in nodes:
+            n.stop()
+        head.stop()
+
+
+rows = []
+for w in [int(x) for x in a.workers.split(",")]:
+    capacity = simulate(w, "inf", f"cap{w}")["request_throughput"]
+    for load in [float(x) for x in a.loads.split(",")]:
+        rate = round(load * capacity, 3)
+        sim = simulate(w, rate, f"w{w}-{load}")
+        real = measure(w, rate, f"w{w}-{load}")
+        row = dict(workers=w, load=load, rate=rate, ttft_real=real["median_ttft_ms"], ttft_sim=sim["median_ttft_ms"],
+                   tpot_real=real["median_tpot_ms"], tpot_sim=sim["median_tpot_ms"],
+                   tput_real=real["output_throughput"], tput_sim=sim["output_throughput"],
+                   head_cpu=real["head_cpu"], nodes_cpu=real["nodes_cpu"], failed=real.get("failed", 0))
+        rows.append(row)
+        log(json.dumps(row))
+
+print(f"CPU: {procs.cpu_name()} (head, nodes and bench client on it); profile {a.cost} x {a.time_scale}; "
+      f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range 0.5), Poisson")
+print("| workers | load | rate req/s | TTFT median real / sim ms | added | TPOT median real / sim ms | added | "
+      "output tok/s real / sim | head CPU | nodes CPU |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+first = None
+for r in rows:
+    added = r["ttft_real"] - r["ttft_sim"]
+    if first is None and added > 5:
+        first = r
+    print(f"| {r['workers']} | {r['load']:.2f} | {r['rate']:.2f} | {r['ttft_real']:.1f} / {r['ttft_sim']:.1f} | "
+          f"{added:+.1f} | {r['tpot_real']:.2f} / {r['tpot_sim']:.2f} | {r['tpot_real'] - r['tpot_sim']:+.2f} | "
+          f"{r['tput_real']:.0f} / {r['tput_sim']:.0f} | {100 * r['head_cpu']:.0f}% | {100 * r['nodes_cpu']:.0f}% |")
+print("first run where the head adds > 5 ms to the median TTFT:",
+      f"{first['workers']} workers at {first['rate']} req/s" if first else "none of these")
+json.dump(rows, open(work / "emulated.json", "w"), indent=1)

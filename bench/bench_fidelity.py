@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""The simulator's fidelity (issue 9): `troupe simulate` vs a real `troupe serve` + `troupe bench` on the same
+request list (same seed: the same arrival times, prompt lengths and forced output lengths; same KV capacity,
+same scheduler settings), at a light and a near-saturation rate. Targets: median TTFT within 15%, median TPOT
+and output tokens/s within 10%.
+
+  bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 64]
+                          [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.85]
+                          [--num-blocks 2048] [--seed 1] [--out DIR]
+
+Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
+worker will have. --loads are fractions of the capacity the simulator finds for the cluster (all requests
+at once). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import troupe_procs as procs  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="models/gpt2")
+ap.add_argument("--troupe", default="build/troupe")
+ap.add_argument("--cost", default=None)
+ap.add_argument("--workers", type=int, default=1)
+ap.add_argument("--num-requests", type=int, default=64)
+ap.add_argument("--input-len", type=int, default=128)
+ap.add_argument("--output-len", type=int, default=64)
+ap.add_argument("--range-ratio", type=float, default=0.5)
+ap.add_argument("--loads", default="0.3,0.85")
+ap.add_argument("--num-blocks", type=int, default=2048)
+ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--out", default=None)
+a = ap.parse_args()
+T = a.troupe
+work = Path(a.out or tempfile.mkdtemp(prefix="bench-fidelity-"))
+work.mkdir(parents=True, exist_ok=True)
+
+
+def log(*x):
+    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, env=procs.ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+threads = max(1, (len(__import__("os").sched_getaffinity(0)) // a.workers))
+cost = a.cost
+if not cost:
+    cost = str(work / "cost.json")
+    log(f"profiling {a.model} with {threads} thread(s) -> {cost}")
+    print(run([T, "profile", "--model", a.model, "--threads", str(threads), "--out", cost]).stdout)
+
+workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.input_len), "--random-output-len",
+            str(a.output_len), "--range-ratio", str(a.range_ratio), "--seed", str(a.seed)]
+sim_flags = ["--cost", cost, "--workers", str(a.workers), "--num-blocks", str(a.num_blocks), "--quiet"]
+
+
+def simulate(rate, tag):
+    out = work / f"sim-{tag}.json"
+    run([T, "simulate"] + sim_flags + workload + ["--request-rate", str(rate), "--json", str(out)])
+    return json.load(open(out))
+
+
+def measure(rate, tag):
+    head = procs.Head(T, a.model, work, tag, ["--workers", str(a.workers), "--threads-per-worker", str(threads),
+                                               "--num-blocks", str(a.num_blocks)])
+    try:
+        out = work / f"bench-{tag}.json"
+        run([T, "bench", "--to", head.to] + workload + ["--request-rate", str(rate), "--json", str(out)])
+        return json.load(open(out))
+    finally:
+        head.stop()
+
+
+capacity = simulate("inf", "capacity")["request_throughput"]
+log(f"simulated capacity: {capacity:.3f} req/s")
+KEYS = (("median_ttft_ms", "median TTFT ms", 15), ("median_tpot_ms", "median TPOT ms", 10),
+        ("output_throughput", "output tok/s", 10))
+rows = []
+for load in [float(x) for x in a.loads.split(",")]:
+    rate = round(load * capacity, 4)
+    sim = simulate(rate, f"{load}")
+    real = measure(rate, f"{load}")
+    for key, name, target in KEYS:
+        err = 100 * (sim[key] - real[key]) / real[key] if real[key] else float("inf")
+        rows.append((load, rate, name, real[key], sim[key], err, target))
+        log(f"load {load:.2f} ({rate} req/s) {name}: measured {real[key]:.2f}, simulated {sim[key]:.2f}, "
+            f"{err:+.1f}%")
+
+print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
+      f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
+      f"Poisson, seed {a.seed}")
+print("| load (of capacity) | rate req/s | metric | measured (serve + bench) | simulated | error | target |")
+print("|---|---:|---|---:|---:|---:|---|")
+for load, rate, name, real, sim, err, target in rows:
+    ok = "met" if abs(err) <= target else "NOT met"
+    print(f"| {load:.2f} | {rate:.3f} | {name} | {real:.2f} | {sim:.2f} | {err:+.1f}% | ±{target}%: {ok} |")
+json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "rows": rows}, open(work / "fidelity.json", "w"),
+          indent=1)

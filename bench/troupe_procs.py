@@ -1,0 +1,76 @@
+"""Processes of a troupe cluster for the Python benchmarks (bench_cluster, bench_fidelity, bench_emulated):
+a head (`troupe serve`) on ephemeral loopback ports, worker nodes, `troupe status --json`, and the CPU's name."""
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+
+
+def cpu_name():
+    return next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Head:
+    """`troupe serve` with `extra` flags; waits until `workers` workers have joined (default: --workers N)."""
+
+    def __init__(self, troupe, model, work, tag, extra, workers=None):
+        self.troupe = troupe
+        ready = Path(work) / f"ready-{tag}"
+        ready.unlink(missing_ok=True)
+        self.log = open(Path(work) / f"head-{tag}.log", "w")
+        self.p = subprocess.Popen([troupe, "serve", "--model", model, "--listen", "tcp://127.0.0.1:*",
+                                   "--worker-listen", "tcp://127.0.0.1:*", "--ready-file", str(ready), "--quiet"]
+                                  + extra, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(1200):
+            if ready.exists():
+                break
+            if self.p.poll() is not None:
+                raise SystemExit(f"head exited: see {self.log.name}")
+            time.sleep(0.1)
+        text = ready.read_text()
+        self.to = re.search(r"^listen=(\S+)", text, re.M).group(1)
+        self.worker_listen = re.search(r"^worker_listen=(\S+)", text, re.M).group(1)
+        if workers is None:
+            workers = int(extra[extra.index("--workers") + 1]) if "--workers" in extra else 1
+        self.wait_workers(workers)
+
+    def wait_workers(self, n, timeout_s=300):
+        for _ in range(int(timeout_s * 10)):
+            if len(self.status().get("workers", [])) >= n:
+                return
+            if self.p.poll() is not None:
+                raise SystemExit(f"head exited: see {self.log.name}")
+            time.sleep(0.1)
+        raise SystemExit(f"{n} workers did not join: see {self.log.name}")
+
+    def status(self):
+        r = subprocess.run([self.troupe, "status", "--to", self.to, "--json"], env=ENV, capture_output=True,
+                           text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
+
+
+class Node:
+    """`troupe worker --join` the head with `extra` flags."""
+
+    def __init__(self, troupe, model, work, tag, head, extra):
+        self.log = open(Path(work) / f"node-{tag}.log", "w")
+        self.p = subprocess.Popen([troupe, "worker", "--join", head.worker_listen, "--model", model, "--name", tag]
+                                  + extra, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
