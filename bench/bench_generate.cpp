@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/machine_limits.hpp"
 #include "model/config.hpp"
 #include "model/generate.hpp"
 #include "model/gpt2.hpp"
@@ -40,7 +41,8 @@ double ms_since(Clock::time_point t0) {
 double floor_ms(const Gpt2Weights& w, int reps) {
   std::vector<at::Tensor> in_out, out_in, xs;
   for (const auto& l : w.layers)
-    for (const auto* t : {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
+    for (const auto* t :
+         {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
       in_out.push_back(t->contiguous());
   in_out.push_back(w.wte.t().contiguous());
   for (const auto& m : in_out) {
@@ -66,8 +68,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   ThreadOptions threads;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads.intra_op_threads = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads.intra_op_threads = std::atoi(argv[++i]);
   }
   configure_threads(threads);
   at::manual_seed(0);
@@ -76,7 +80,7 @@ int main(int argc, char** argv) {
   auto weights = Gpt2Weights::random(cfg, 1);
   Gpt2 model(cfg, weights, torch::kCPU);
   auto tok = Tokenizer::from_dir(TROUPE_TOKENIZER_DIR);
-  std::printf("bench_generate: GPT-2 124M shape, fp32, cpu, %s\n\n", thread_summary());
+  std::printf("bench_generate: GPT-2 124M shape, fp32, cpu\n%s\n\n", troupe::bench::machine_line().c_str());
 
   std::vector<int32_t> prompt;
   for (int i = 0; i < 16; ++i) prompt.push_back(1000 + 37 * i);

@@ -1,15 +1,18 @@
 // bench_linear: GPT-2 124M's linear layers through OpenBLAS (at::addmm, and
 // at::addmv for one row, as the model called them before model/linear.cpp)
-// and through Linear's packed AVX-512 kernel, side by side, per batch rows M.
+// and through Linear's packed kernel in every variant this CPU runs (AVX-512
+// 6x64, AVX2 6x16), side by side, per batch rows M, with each variant's FMA
+// peak measured in the same run (bench/common/machine_limits.hpp).
 //
 // One pass = every weight matrix once, in model order (12 layers x c_attn
 // [768, 2304], attn c_proj [768, 768], c_fc [768, 3072], mlp c_proj
 // [3072, 768]; then the LM head x @ wte^T, wte [50257, 768]), each with its
-// own weights, so no matrix is still in cache when its turn comes. Per M,
-// the BLAS passes run first, then (after a pause that lets OpenBLAS's spinning
-// workers sleep) the packed ones; best and median over the passes.
+// own weights, so no matrix is still in cache when its turn comes. Per M, the
+// BLAS passes run first, then (after a pause that lets OpenBLAS's spinning
+// workers sleep) the packed variants, alternating pass by pass; best and
+// median over the passes.
 //
-//   build/bench_linear [--threads N] [--reps N] [--m 1,4,64] [--shapes]
+//   build/bench_linear [--threads N] [--reps N] [--m 1,4,64] [--shapes] [--variants avx2,avx512]
 //   --shapes  also one line per matrix shape (ms summed over the 12 layers)
 #include <algorithm>
 #include <chrono>
@@ -21,12 +24,19 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include "common/bench_util.hpp"
+#include "common/machine_limits.hpp"
+#include "model/cpu_features.hpp"
 #include "model/linear.hpp"
 #include "model/threading.hpp"
 
 using namespace troupe::model;
-using Clock = std::chrono::steady_clock;
+using troupe::bench::Clock;
+using troupe::bench::ms_since;
+using troupe::bench::Stats;
+using troupe::bench::stats;
 
 namespace {
 
@@ -46,19 +56,6 @@ const Shape kShapes[] = {
 };
 constexpr int kShapeCount = 5;
 
-struct Stats {
-  double best = 0, median = 0;
-};
-
-Stats stats(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v.front(), v[v.size() / 2]};
-}
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,98 +64,131 @@ int main(int argc, char** argv) {
   int reps = 0;
   bool per_shape = false;
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::vector<CpuIsa> isas;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads.intra_op_threads = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--shapes")) per_shape = true;
-    else if (!std::strcmp(argv[i], "--blas-threads") && i + 1 < argc) threads.blas_threads = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads.intra_op_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes"))
+      per_shape = true;
+    else if (!std::strcmp(argv[i], "--blas-threads") && i + 1 < argc)
+      threads.blas_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--m") && i + 1 < argc) {
       ms.clear();
       for (char* s = argv[++i]; *s;) {
         ms.push_back(std::strtoll(s, &s, 10));
         if (*s == ',') ++s;
       }
+    } else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) {
+      isas = troupe::bench::parse_variants(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_linear [--threads N] [--reps N] [--m 1,4,64] [--shapes]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_linear [--threads N] [--reps N] [--m 1,4,64] [--shapes] [--variants avx2,avx512]\n");
       return 2;
     }
   }
   configure_threads(threads);
   at::manual_seed(0);
-
-  // Per shape: the BLAS-path Linears (weights as the model held them) and the packed ones.
-  std::vector<Linear> blas[kShapeCount], packed[kShapeCount];
+  if (isas.empty()) isas = troupe::bench::vector_variants();
+  if (std::count(isas.begin(), isas.end(), CpuIsa::kPortable)) {
+    std::fprintf(stderr, "bench_linear: the portable variant is the OpenBLAS column already\n");
+    return 2;
+  }
+  // paths: 0 = BLAS, then one per packed variant.
+  const int n_paths = 1 + static_cast<int>(isas.size());
+  std::vector<std::vector<Linear>> lins(static_cast<size_t>(n_paths * kShapeCount));
+  auto lin = [&](int path, int s) -> std::vector<Linear>& {
+    return lins[static_cast<size_t>(path * kShapeCount + s)];
+  };
   std::vector<at::Tensor> bias[kShapeCount];
-  bool any_packed = true;
   for (int s = 0; s < kShapeCount; ++s) {
     const Shape& sh = kShapes[s];
     for (int c = 0; c < sh.count; ++c) {
       at::Tensor w = sh.layout == WeightLayout::kInOut ? at::randn({sh.in, sh.out}) * 0.02
-                                                        : at::randn({sh.out, sh.in}) * 0.02;
-      blas[s].emplace_back(w, sh.layout, /*pack=*/false);
-      packed[s].emplace_back(w, sh.layout, /*pack=*/true);
-      any_packed = any_packed && packed[s].back().packed();
+                                                       : at::randn({sh.out, sh.in}) * 0.02;
+      lin(0, s).emplace_back(w, sh.layout, /*pack=*/false);
+      for (int v = 0; v < static_cast<int>(isas.size()); ++v)
+        lin(1 + v, s).emplace_back(w, sh.layout, isas[v]);
       bias[s].push_back(sh.layout == WeightLayout::kInOut ? at::randn({sh.out}) : at::Tensor());
     }
   }
-  std::printf("bench_linear: GPT-2 124M linear layers, fp32, cpu, %s%s\n", thread_summary(),
-              any_packed ? "" : "  (NO AVX-512 kernel in this build: both columns are OpenBLAS)");
+  std::printf("bench_linear: GPT-2 124M linear layers, fp32, cpu\n%s\n",
+              troupe::bench::machine_line().c_str());
 #if !defined(_OPENMP)
-  std::printf("NOTE: built without -fopenmp, so at::parallel_for (a header template) runs serially here:\n"
-              "      the packed kernel uses one core while OpenBLAS uses its own threads.\n");
+  std::printf(
+      "NOTE: built without -fopenmp, so at::parallel_for (a header template) runs serially here:\n"
+      "      the packed kernel uses one core while OpenBLAS uses its own threads.\n");
 #endif
-  std::printf("ms per pass over all 48 layer matrices + LM head; best (median) of the passes\n\n");
-  std::printf("%5s | %18s %18s %6s | %18s %18s %6s | %8s %8s\n", "M", "layers blas", "layers packed", "x",
-              "lm_head blas", "lm_head packed", "x", "GF/s bl", "GF/s pk");
+  std::vector<double> peak;
+  for (CpuIsa isa : isas) {
+    peak.push_back(troupe::bench::fma_peak_gflops(isa));
+    std::printf("FMA peak with %s instructions, %d threads: %.1f GFLOP/s\n", to_string(isa),
+                at::get_num_threads(), peak.back());
+  }
+  std::printf(
+      "\nms per pass over all 48 layer matrices + LM head, best (median) of the passes; GF/s of the best\n"
+      "pass and its share of the variant's FMA peak; x = BLAS time / variant time\n\n");
+  std::printf("%5s | %-28s", "M", "OpenBLAS");
+  for (CpuIsa isa : isas) std::printf(" | %-36s", to_string(isa));
+  std::printf("\n");
 
   for (int64_t M : ms) {
     std::vector<at::Tensor> xs;
     for (const Shape& sh : kShapes) xs.push_back(at::randn({M, sh.in}));
     const int n = reps > 0 ? reps : (M <= 16 ? 30 : M <= 128 ? 10 : 4);
     // times[path][shape] per pass
-    std::vector<double> times[2][kShapeCount];
-    for (int path = 0; path < 2; ++path) {
-      // OpenBLAS's idle workers spin for a while (~0.1 s) after a call and
-      // would take the cores from the packed path's OpenMP threads.
-      if (path == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      for (int r = 0; r < n + 1; ++r) {  // pass 0 warms up
-        for (int s = 0; s < kShapeCount; ++s) {
-          const auto& lin = path == 0 ? blas[s] : packed[s];
-          const auto t0 = Clock::now();
-          for (size_t c = 0; c < lin.size(); ++c) {
-            at::Tensor y = lin[c].forward(xs[s], bias[s][c]);
-            (void)y;
-          }
-          if (r > 0) times[path][s].push_back(ms_since(t0));
+    std::vector<std::vector<double>> times(static_cast<size_t>(n_paths * kShapeCount));
+    auto pass = [&](int path, bool record) {
+      for (int s = 0; s < kShapeCount; ++s) {
+        const auto& ls = lin(path, s);
+        const auto t0 = Clock::now();
+        for (size_t c = 0; c < ls.size(); ++c) {
+          at::Tensor y = ls[c].forward(xs[s], bias[s][c]);
+          (void)y;
         }
+        if (record) times[static_cast<size_t>(path * kShapeCount + s)].push_back(ms_since(t0));
       }
-    }
-    auto sum_layers = [&](int path) {
-      std::vector<double> v(n, 0.0);
-      for (int s = 0; s + 1 < kShapeCount; ++s)
-        for (int r = 0; r < n; ++r) v[r] += times[path][s][r];
-      return v;
     };
-    const Stats lb = stats(sum_layers(0)), lp = stats(sum_layers(1));
-    const Stats hb = stats(times[0][kShapeCount - 1]), hp = stats(times[1][kShapeCount - 1]);
+    for (int r = 0; r < n + 1; ++r) pass(0, r > 0);  // pass 0 warms up
+    // OpenBLAS's idle workers spin for a while (~0.1 s) after a call and
+    // would take the cores from the packed kernels' OpenMP threads.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int r = 0; r < n + 1; ++r)
+      for (int path = 1; path < n_paths; ++path) pass(path, r > 0);
+
     double flops = 0;
     for (const Shape& sh : kShapes) flops += 2.0 * M * sh.in * sh.out * sh.count;
-    auto cell = [](const Stats& s) {
-      static char buf[4][32];
-      static int k = 0;
-      char* b = buf[k++ % 4];
-      std::snprintf(b, 32, "%8.2f (%7.2f)", s.best, s.median);
-      return b;
-    };
-    std::printf("%5lld | %18s %18s %5.2fx | %18s %18s %5.2fx | %8.1f %8.1f\n", static_cast<long long>(M), cell(lb),
-                cell(lp), lb.best / lp.best, cell(hb), cell(hp), hb.best / hp.best,
-                flops / (lb.best + hb.best) * 1e-6, flops / (lp.best + hp.best) * 1e-6);
+    std::vector<Stats> total(static_cast<size_t>(n_paths));
+    for (int path = 0; path < n_paths; ++path) {
+      std::vector<double> v(static_cast<size_t>(n), 0.0);
+      for (int s = 0; s < kShapeCount; ++s)
+        for (int r = 0; r < n; ++r)
+          v[static_cast<size_t>(r)] +=
+              times[static_cast<size_t>(path * kShapeCount + s)][static_cast<size_t>(r)];
+      total[static_cast<size_t>(path)] = stats(v);
+    }
+    std::printf("%5lld | %7.2f (%7.2f) %6.1f GF/s", static_cast<long long>(M), total[0].best, total[0].median,
+                flops / total[0].best * 1e-6);
+    for (int path = 1; path < n_paths; ++path) {
+      const Stats& t = total[static_cast<size_t>(path)];
+      const double gf = flops / t.best * 1e-6;
+      std::printf(" | %7.2f (%7.2f) %6.1f %3.0f%% %5.2fx", t.best, t.median, gf,
+                  100.0 * gf / peak[static_cast<size_t>(path - 1)], total[0].best / t.best);
+    }
+    std::printf("\n");
     if (per_shape)
       for (int s = 0; s < kShapeCount; ++s) {
-        const Stats b = stats(times[0][s]), p = stats(times[1][s]);
         const double f = 2.0 * M * kShapes[s].in * kShapes[s].out * kShapes[s].count;
-        std::printf("      %-22s blas %8.3f ms %7.1f GF/s   packed %8.3f ms %7.1f GF/s   %5.2fx\n", kShapes[s].name,
-                    b.best, f / b.best * 1e-6, p.best, f / p.best * 1e-6, b.best / p.best);
+        std::printf("      %-22s", kShapes[s].name);
+        for (int path = 0; path < n_paths; ++path) {
+          const Stats st = stats(times[static_cast<size_t>(path * kShapeCount + s)]);
+          std::printf("  %s %8.3f ms %7.1f GF/s",
+                      path == 0 ? "blas" : to_string(isas[static_cast<size_t>(path - 1)]), st.best,
+                      f / st.best * 1e-6);
+        }
+        std::printf("\n");
       }
   }
   return 0;

@@ -23,6 +23,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/machine_limits.hpp"
 #include "model/config.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_attention.hpp"
@@ -89,8 +90,8 @@ void bench_attention(int iters) {
   std::printf("  best / median of %d alternating runs\n", iters);
   std::printf("  kernel (in place)  %8.3f / %8.3f ms\n", t[0].best, t[0].median);
   std::printf("  gather (torch ops) %8.3f / %8.3f ms\n", t[1].best, t[1].median);
-  std::printf("  speed-up           %8.2fx / %7.2fx   (max |kernel - gather| = %.2e)\n", t[1].best / t[0].best,
-              t[1].median / t[0].median, diff);
+  std::printf("  speed-up           %8.2fx / %7.2fx   (max |kernel - gather| = %.2e)\n",
+              t[1].best / t[0].best, t[1].median / t[0].median, diff);
 }
 
 // A decode step of `B` sequences, each at position `ctx` with blocks shuffled.
@@ -122,7 +123,8 @@ void bench_decode(int iters) {
   // Floor: y = W x for every weight matrix, W in the GEMV-friendly [out, in] layout.
   std::vector<torch::Tensor> mats;
   for (const auto& l : w.layers)
-    for (const auto* m : {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
+    for (const auto* m :
+         {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
       mats.push_back(m->t().contiguous());
   mats.push_back(w.wte);
   int64_t floats = 0;
@@ -140,14 +142,16 @@ void bench_decode(int iters) {
   }
   ContiguousKv kv = model.make_contiguous_cache(ctx + 8);
   std::vector<int32_t> prompt(static_cast<size_t>(ctx));
-  for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i * 17 % cfg.vocab_size);
+  for (int64_t i = 0; i < ctx; ++i)
+    prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i * 17 % cfg.vocab_size);
   model.forward_contiguous(prompt, kv);
 
   std::vector<std::function<void()>> runs;
   runs.push_back([&] {
     for (size_t i = 0; i < mats.size(); ++i) at::mv(mats[i], xs[i]);
   });
-  for (size_t b = 0; b < batches.size(); ++b) runs.push_back([&, b] { model.forward_step(steps[b], caches[b]); });
+  for (size_t b = 0; b < batches.size(); ++b)
+    runs.push_back([&, b] { model.forward_step(steps[b], caches[b]); });
   runs.push_back([&] {
     kv.length = ctx;
     model.forward_contiguous({42}, kv);
@@ -158,17 +162,22 @@ void bench_decode(int iters) {
     best.push_back(x.best);
     med.push_back(x.median);
   }
-  std::printf("\nGPT-2 124M decode step (context 128, block 16), best / median of %d alternating runs\n", iters);
-  std::printf("  floor: one matvec over every weight matrix (%.0f MB)  %7.2f / %7.2f ms  (%.1f GB/s at best)\n",
-              floats * 4e-6, best[0], med[0], floats * 4e-6 / best[0]);
+  std::printf("\nGPT-2 124M decode step (context 128, block 16), best / median of %d alternating runs\n",
+              iters);
+  std::printf(
+      "  floor: one matvec over every weight matrix (%.0f MB)  %7.2f / %7.2f ms  (%.1f GB/s at best)\n",
+      floats * 4e-6, best[0], med[0], floats * 4e-6 / best[0]);
   for (size_t b = 0; b < batches.size(); ++b) {
     const double B = static_cast<double>(batches[b]);
-    std::printf("  forward_step batch %3lld  %7.2f / %7.2f ms/step  %7.3f ms/token  %.2fx floor/step  %.1fx batch 1/token\n",
-                (long long)batches[b], best[b + 1], med[b + 1], best[b + 1] / B, best[b + 1] / best[0],
-                best[1] / (best[b + 1] / B));
+    std::printf(
+        "  forward_step batch %3lld  %7.2f / %7.2f ms/step  %7.3f ms/token  %.2fx floor/step  %.1fx batch "
+        "1/token\n",
+        (long long)batches[b], best[b + 1], med[b + 1], best[b + 1] / B, best[b + 1] / best[0],
+        best[1] / (best[b + 1] / B));
   }
   const size_t c = runs.size() - 1;
-  std::printf("  forward_contiguous 1 token  %7.2f / %7.2f ms  %.2fx floor\n", best[c], med[c], best[c] / best[0]);
+  std::printf("  forward_contiguous 1 token  %7.2f / %7.2f ms  %.2fx floor\n", best[c], med[c],
+              best[c] / best[0]);
 }
 
 }  // namespace
@@ -178,8 +187,10 @@ int main(int argc, char** argv) {
   bool attention_only = false;
   int iters = 20;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--attention-only")) attention_only = true;
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--attention-only"))
+      attention_only = true;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: %s [--attention-only] [--iters N]\n", argv[0]);
       return 2;
@@ -189,7 +200,7 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("TROUPE_THREADS");
   threads.intra_op_threads = env && *env ? 0 : 2;
   configure_threads(threads);
-  std::printf("threads: %s\n\n", thread_summary());
+  std::printf("%s\n\n", troupe::bench::machine_line().c_str());
   bench_attention(iters);
   if (!attention_only) bench_decode(iters);
   return 0;

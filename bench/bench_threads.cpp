@@ -1,15 +1,19 @@
 // bench_threads: how W workers in one process should share C CPUs (the
-// distributed issue runs several workers per host). Side by side in one run,
-// the variants alternating rep by rep on the same workload (GPT-2 124M shape,
-// fp32, random weights, greedy, distinct 16-token prompts):
-//   1xC       one worker, C OpenMP threads (and C BLAS threads), all sequences;
-//   Cx1       C workers on their own threads, one OpenMP thread each
-//             (split_thread_budget: BLAS 1), the sequences split among them;
+// distributed issue runs several workers per host). Each variant runs on its
+// own crew of threads; the variants alternate rep by rep in one run:
+//   1xC       one worker, C OpenMP threads and C BLAS threads;
+//   Cx1       C workers, one OpenMP thread each, BLAS at 1 (split_thread_budget);
 //   Cx1 blasC the same with OpenBLAS's process-wide pool at C threads;
 //   CxC       C workers with C threads each: what W workers get without a
 //             budget (C x C threads on C CPUs).
-// Each worker owns its model copy, KV pool and engine, as a worker actor will.
-// Output tokens/s per variant (best and median) and the ratio to 1xC.
+//  1. OpenBLAS GEMMs [M, 768] x [768, 3072] (the projections' path on CPUs
+//     without troupe's packed kernel), the same total work split among the
+//     workers, in GFLOP/s.
+//  2. Engines (GPT-2 124M shape, fp32, random weights, greedy, distinct
+//     16-token prompts): each worker owns a model copy, KV pool and engine, as
+//     a worker actor will; the sequences are split among the workers; output
+//     tokens/s, prefill included.
+// Best and median per variant, and the median's ratio to 1xC.
 //
 //   build/bench_threads [--quick] [--cpus C] [--seqs N] [--new-tokens T] [--reps R]
 #include <algorithm>
@@ -95,7 +99,7 @@ struct Variant {
   std::string name;
   std::vector<model::ThreadBudget> budgets;  // one per worker
   std::unique_ptr<Crew> crew;
-  std::vector<double> tok_s;
+  std::vector<double> rate;  // work per second, one per rep
 };
 
 std::vector<int32_t> distinct_prompt(uint64_t id, int len) {
@@ -142,6 +146,99 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// The ways to run C CPUs' worth of work, each on its own crew of threads.
+std::vector<Variant> thread_variants(int cpus) {
+  std::vector<Variant> out;
+  const std::string c = std::to_string(cpus);
+  out.push_back({"1x" + c, model::split_thread_budget(cpus, 1), nullptr, {}});
+  if (cpus > 1) {
+    auto split = model::split_thread_budget(cpus, cpus);
+    out.push_back({c + "x1", split, nullptr, {}});
+    for (auto& b : split) b.blas_threads = cpus;
+    out.push_back({c + "x1 blas" + c, split, nullptr, {}});
+    // No budget: every worker takes every CPU, cpus x cpus threads in all.
+    out.push_back({c + "x" + c, std::vector<model::ThreadBudget>(cpus, {cpus, cpus}), nullptr, {}});
+  }
+  for (auto& v : out) v.crew = std::make_unique<Crew>(static_cast<int>(v.budgets.size()));
+  return out;
+}
+
+// `reps` rounds; in each, every variant (first one rotating) applies its
+// budgets, runs setup(workers, w) untimed and then job(w) timed on each of
+// its threads, and records work / seconds.
+template <class Setup, class Job>
+void alternate(std::vector<Variant>& variants, int reps, double work, Setup setup, Job job) {
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      Variant& v = variants[(k + rep) % variants.size()];
+      const int workers = static_cast<int>(v.budgets.size());
+      v.crew->run([&](int w) {
+        model::apply_thread_budget(v.budgets[w]);
+        setup(workers, w);
+      });
+      auto t0 = Clock::now();
+      v.crew->run([&](int w) { job(w); });
+      v.rate.push_back(work / std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+}
+
+void report(const std::vector<Variant>& variants, const char* unit) {
+  const double base = median(variants[0].rate);
+  std::printf("   %-12s %12s %12s %10s\n", "workers", (std::string("best ") + unit).c_str(), "median",
+              ("vs " + variants[0].name).c_str());
+  for (const auto& v : variants) {
+    std::printf("   %-12s %12.1f %12.1f %9.2fx\n", v.name.c_str(),
+                *std::max_element(v.rate.begin(), v.rate.end()), median(v.rate), median(v.rate) / base);
+  }
+}
+
+// 2. Engines: each worker its own model copy, KV pool and engine.
+void bench_engines(const std::vector<std::unique_ptr<model::Gpt2>>& models, const Workload& wl, int cpus,
+                   int reps) {
+  std::printf("2. engines: %d sequences in all, %d-token prompts, %d new tokens each, greedy\n", wl.seqs,
+              wl.prompt, wl.new_tokens);
+  auto variants = thread_variants(cpus);
+  std::vector<std::unique_ptr<WorkerRun>> runs(cpus);
+  alternate(
+      variants, reps, wl.seqs * wl.new_tokens,
+      [&](int workers, int w) {
+        const int first = wl.seqs * w / workers, last = wl.seqs * (w + 1) / workers;
+        runs[w] = std::make_unique<WorkerRun>(*models[w], wl, first, last - first);
+      },
+      [&](int w) { runs[w]->engine.run_until_idle(); });
+  report(variants, "tok/s");
+  std::printf("   output tokens/s, prefill included; the distributed issue's target: %dx1 >= 0.9x 1x%d\n\n",
+              cpus, cpus);
+}
+
+// 1. GEMMs through OpenBLAS, the projections' path where troupe's packed
+// kernel does not run: the same number of [M, 768] x [768, 3072] products,
+// one caller with BLAS's pool or C callers at once.
+void bench_blas(int cpus, int reps) {
+  std::printf("1. OpenBLAS GEMMs [M x 768] x [768 x 3072], the same total work per variant\n");
+  for (int m : {16, 128}) {
+    const int total = m == 16 ? 64 * cpus : 8 * cpus;
+    auto variants = thread_variants(cpus);
+    std::vector<torch::Tensor> a(cpus), b(cpus), c(cpus);
+    int per_worker = 0;
+    alternate(
+        variants, reps, 2.0 * m * 768 * 3072 * total / 1e9,
+        [&](int workers, int w) {
+          a[w] = torch::randn({m, 768});
+          b[w] = torch::randn({768, 3072});
+          c[w] = torch::empty({m, 3072});
+          per_worker = total / workers;
+        },
+        [&](int w) {
+          for (int i = 0; i < per_worker; ++i) at::mm_out(c[w], a[w], b[w]);
+        });
+    std::printf("   M = %d (%d products)\n", m, total);
+    report(variants, "GFLOP/s");
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,15 +250,15 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) {
       reps = 3;
       wl.new_tokens = 16;
-    } else if (!std::strcmp(argv[i], "--cpus"))
+    } else if (!std::strcmp(argv[i], "--cpus")) {
       cpus = next();
-    else if (!std::strcmp(argv[i], "--seqs"))
+    } else if (!std::strcmp(argv[i], "--seqs")) {
       wl.seqs = next();
-    else if (!std::strcmp(argv[i], "--new-tokens"))
+    } else if (!std::strcmp(argv[i], "--new-tokens")) {
       wl.new_tokens = next();
-    else if (!std::strcmp(argv[i], "--reps"))
+    } else if (!std::strcmp(argv[i], "--reps")) {
       reps = next();
-    else {
+    } else {
       std::fprintf(stderr,
                    "usage: bench_threads [--quick] [--cpus C] [--seqs N] [--new-tokens T] [--reps R]\n");
       return 2;
@@ -172,57 +269,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   model::configure_threads({});
+  std::printf("bench_threads: GPT-2 124M shape, fp32, cpu, %s\n", model::thread_summary());
+  const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  std::printf(
+      "   %d CPUs split as workers x threads; %d reps, variants alternating; OPENBLAS_THREAD_TIMEOUT=%s\n\n",
+      cpus, reps, timeout ? timeout : "unset");
+  bench_blas(cpus, reps);
   const auto cfg = model::Gpt2Config::preset("gpt2");
   const auto weights = model::Gpt2Weights::random(cfg, 1);
   std::vector<std::unique_ptr<model::Gpt2>> models;
   for (int w = 0; w < cpus; ++w) models.push_back(std::make_unique<model::Gpt2>(cfg, weights, torch::kCPU));
-
-  std::printf("bench_threads: GPT-2 124M shape, fp32, cpu, %s\n", model::thread_summary());
-  std::printf(
-      "   %d CPUs; %d sequences in all, %d-token prompts, %d new tokens each, greedy; %d reps "
-      "alternating\n\n",
-      cpus, wl.seqs, wl.prompt, wl.new_tokens, reps);
-
-  std::vector<Variant> variants;
-  variants.push_back({"1x" + std::to_string(cpus), model::split_thread_budget(cpus, 1), nullptr, {}});
-  if (cpus > 1) {
-    auto split = model::split_thread_budget(cpus, cpus);
-    variants.push_back({std::to_string(cpus) + "x1", split, nullptr, {}});
-    for (auto& b : split) b.blas_threads = cpus;
-    variants.push_back({std::to_string(cpus) + "x1 blas" + std::to_string(cpus), split, nullptr, {}});
-    // No budget: every worker takes every CPU, cpus x cpus threads in all.
-    variants.push_back({std::to_string(cpus) + "x" + std::to_string(cpus),
-                        std::vector<model::ThreadBudget>(cpus, {cpus, cpus}),
-                        nullptr,
-                        {}});
-  }
-  for (auto& v : variants) v.crew = std::make_unique<Crew>(static_cast<int>(v.budgets.size()));
-
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t k = 0; k < variants.size(); ++k) {
-      Variant& v = variants[(k + rep) % variants.size()];  // rotate who goes first
-      const int workers = static_cast<int>(v.budgets.size());
-      std::vector<std::unique_ptr<WorkerRun>> runs(workers);
-      v.crew->run([&](int w) {  // untimed: KV pool and requests
-        model::apply_thread_budget(v.budgets[w]);
-        const int first = wl.seqs * w / workers, last = wl.seqs * (w + 1) / workers;
-        runs[w] = std::make_unique<WorkerRun>(*models[w], wl, first, last - first);
-      });
-      auto t0 = Clock::now();
-      v.crew->run([&](int w) { runs[w]->engine.run_until_idle(); });
-      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      v.tok_s.push_back(wl.seqs * wl.new_tokens / s);
-    }
-  }
-
-  const double base = median(variants[0].tok_s);
-  std::printf("   %-12s %12s %12s %10s\n", "workers", "best tok/s", "median", "vs 1xC");
-  for (const auto& v : variants) {
-    std::printf("   %-12s %12.1f %12.1f %9.2fx\n", v.name.c_str(),
-                *std::max_element(v.tok_s.begin(), v.tok_s.end()), median(v.tok_s), median(v.tok_s) / base);
-  }
-  std::printf(
-      "   output tokens/s over the whole run, prefill included; target for the distributed issue:\n"
-      "   Cx1 >= 0.9x 1xC\n");
+  bench_engines(models, wl, cpus, reps);
   return 0;
 }

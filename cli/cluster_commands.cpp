@@ -156,6 +156,12 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--num-blocks", n.num_blocks, "KV blocks per worker (overrides --kv-memory)")
         ->check(CLI::PositiveNumber);
     sub->add_option("--block-size", n.block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
+    sub->add_option("--emulate", n.emulate,
+                    "Emulate the workers with this cost profile (troupe profile): no model runs, each step "
+                    "waits its predicted time")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--emulate-time-scale", n.emulate_time_scale, "Multiply the emulated step times")
+        ->check(CLI::PositiveNumber);
     sub->add_option("--name", n.name, "This node's name in the head's status (default host:pid)");
     sub->add_option("--max-frame-bytes", n.max_frame_bytes, "Largest frame accepted");
     sub->add_option("--drain-timeout", f->drain_timeout_s,

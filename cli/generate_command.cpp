@@ -14,6 +14,7 @@
 #include "actors/engine.hpp"
 #include "cli/command.hpp"
 #include "model/generate.hpp"
+#include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/paged_kv_cache.hpp"
@@ -126,7 +127,11 @@ json to_json(const model::GenerateResult& r, bool with_logprobs) {
          {"text", r.text},
          {"finish_reason", r.finish_reason},
          {"timing",
-          {{"prefill_ms", r.prefill_ms}, {"decode_ms", r.decode_ms}, {"tokens_per_s", tokens_per_s(r)}}}};
+          {{"prefill_ms", r.prefill_ms},
+           {"decode_ms", r.decode_ms},
+           {"tokens_per_s", tokens_per_s(r)},
+           {"cpu", model::cpu_model_name()},
+           {"kernels", model::to_string(model::kernel_isa())}}}};
   if (with_logprobs) {
     json lp = json::array();
     for (const auto& t : r.logprobs) {

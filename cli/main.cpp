@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/command.hpp"
+#include "model/cpu_features.hpp"
 #include "model/threading.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +16,10 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every command");
+  app.set_version_flag(
+      "--version",
+      [] { return std::string("troupe ") + TROUPE_VERSION + "\n" + troupe::model::kernel_summary(); },
+      "Print the version, the CPU and the kernel variant chosen for it, and exit");
   troupe::model::ThreadOptions threads;
   app.add_option("--threads", threads.intra_op_threads,
                  "Intra-op threads for the model (0 = all CPUs; env TROUPE_THREADS)")
@@ -27,6 +33,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_submit_commands(app, registry);
   troupe::cli::add_profile_command(app, registry);
   troupe::cli::add_bench_command(app, registry);
+  troupe::cli::add_simulate_command(app, registry);
 
   try {
     app.parse(argc, argv);
@@ -37,6 +44,7 @@ int main(int argc, char** argv) {
     if (!cmd.app->parsed()) continue;
     try {
       troupe::model::configure_threads(threads);
+      troupe::model::kernel_isa();  // a bad TROUPE_CPU fails here, before any work
       return cmd.run();
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());

@@ -18,7 +18,7 @@ namespace troupe::cli {
 namespace {
 
 struct ProfileFlags {
-  std::string model, preset, out, device = "cpu";
+  std::string model, preset, out, refit, stat = "min", device = "cpu";
   int threads = 0;
   bool quiet = false;
   cluster::ProfileOptions options;
@@ -29,7 +29,32 @@ void print_error_line(const char* label, const cluster::sim::FitError& e) {
               e.p90_pct, e.max_pct, e.points);
 }
 
+void print_report(const std::string& out, const cluster::sim::CostProfile& p) {
+  std::printf("%s: %d layers, %d wide, %d positions on %s (%s), %s; point time = %s of %zu runs\n",
+              out.c_str(), p.model.n_layer, p.model.n_embd, p.model.n_positions, p.device.c_str(),
+              p.processor.c_str(), p.thread_summary.c_str(), cluster::sim::to_string(p.stat),
+              p.fit_points.empty() ? size_t{0} : p.fit_points[0].reps_ns.size());
+  print_error_line("fit error (grid):", p.fit_error);
+  print_error_line("held-out error (random steps):", p.heldout_error);
+  print_error_line("repeatability (even vs odd runs):", p.repeatability);
+  const bool met = p.heldout_error.median_pct <= 5 && p.heldout_error.p90_pct <= 10;
+  std::printf("target on held-out steps: median <= 5%%, p90 <= 10%%: %s\n", met ? "met" : "NOT met");
+  if (!met && p.repeatability.median_pct > 5)
+    std::printf("(this machine repeats a step's time within %.1f%% (median): quieten it and profile again)\n",
+                p.repeatability.median_pct);
+}
+
 int run_profile(ProfileFlags& f) {
+  f.options.stat = cluster::sim::parse_rep_stat(f.stat);
+  if (!f.refit.empty()) {
+    if (!f.model.empty() || !f.preset.empty())
+      throw std::invalid_argument("--refit measures nothing: drop --model/--preset");
+    cluster::sim::CostProfile p = cluster::sim::read_cost_profile(f.refit);
+    cluster::sim::refit(p, f.options.stat);
+    cluster::sim::write_cost_profile(f.out, p);
+    print_report(f.out, p);
+    return 0;
+  }
   if (f.model.empty() == f.preset.empty())
     throw std::invalid_argument("give --model DIR, or --preset NAME for random weights of a known shape");
   if (f.threads > 0) model::configure_threads({f.threads, 0});
@@ -51,19 +76,14 @@ int run_profile(ProfileFlags& f) {
       if (tty) {
         std::fprintf(stderr, "\rprofiling: %zu/%zu steps", done, total);
         if (done == total) std::fprintf(stderr, "\n");
-      } else if (done == total || done % 25 == 0) {
-        std::fprintf(stderr, "profiling: %zu/%zu steps\n", done, total);
+      } else if (done == total || done % 100 == 0) {
+        std::fprintf(stderr, "profiling: %zu/%zu timed steps\n", done, total);
       }
     };
   }
   const cluster::sim::CostProfile p = cluster::profile_worker(*gpt, f.options);
   cluster::sim::write_cost_profile(f.out, p);
-  std::printf("%s: %d layers, %d wide, %d positions on %s (%s), %s\n", f.out.c_str(), cfg.n_layer, cfg.n_embd,
-              cfg.n_positions, p.device.c_str(), p.processor.c_str(), p.thread_summary.c_str());
-  print_error_line("fit error (grid):", p.fit_error);
-  print_error_line("held-out error (random steps):", p.heldout_error);
-  const bool met = p.heldout_error.median_pct <= 5 && p.heldout_error.p90_pct <= 10;
-  std::printf("target on held-out steps: median <= 5%%, p90 <= 10%%: %s\n", met ? "met" : "NOT met");
+  print_report(f.out, p);
   return 0;
 }
 
@@ -93,6 +113,10 @@ void add_profile_command(CLI::App& app, Registry& registry) {
                   "Largest step measured, in tokens (0 = 2048, quick 256)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", f->options.seed, "Seed of the tokens and the held-out steps");
+  sub->add_option("--stat", f->stat,
+                  "A point's time from its runs: min (the step without interference; default) or median");
+  sub->add_option("--refit", f->refit,
+                  "Measure nothing: fit this profile's points again (e.g. with another --stat)");
   sub->add_flag("--quiet", f->quiet, "No progress on stderr");
   registry.push_back({sub, [f] { return run_profile(*f); }});
 }

@@ -69,6 +69,7 @@ struct Outcome {
   std::optional<transport::Finished> finished;
   std::optional<std::string> error;  // rejected, or failed before finishing
   int busy_retries = 0;
+  double client_ttft_ms = -1;        // measured here: sent -> first tokens (single-prompt form)
 
   bool ok() const { return finished && finished->finish_reason != core::FinishReason::kError && !error; }
   json line() const {
@@ -85,6 +86,7 @@ struct Outcome {
             {{"queue_ms", finished->timings.queue_ms},
              {"ttft_ms", finished->timings.ttft_ms},
              {"e2e_ms", finished->timings.e2e_ms}}}};
+    if (client_ttft_ms >= 0) o["timings"]["client_ttft_ms"] = client_ttft_ms;
     if (finished->finish_reason == core::FinishReason::kError) o["error"] = finished->error;
     if (!logprobs.empty()) o["logprobs"] = logprobs;
     return o;
@@ -151,6 +153,7 @@ int submit_one(const SubmitFlags& f) {
   Outcome out;
   const auto silence = timeout_of(f.client);
   for (;;) {
+    const auto sent = Clock::now();
     if (!client.send(job)) throw std::runtime_error("cannot send to " + f.client.to);
     bool done = false, busy = false;
     while (!done) {
@@ -164,9 +167,14 @@ int submit_one(const SubmitFlags& f) {
         busy = true;
         break;
       }
-      if (auto* t = std::get_if<transport::Tokens>(&*m); t && !f.json_out) {
-        std::fwrite(t->text.data(), 1, t->text.size(), stdout);
-        std::fflush(stdout);
+      if (auto* t = std::get_if<transport::Tokens>(&*m)) {
+        if (out.client_ttft_ms < 0) {
+          out.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - sent).count();
+        }
+        if (!f.json_out) {
+          std::fwrite(t->text.data(), 1, t->text.size(), stdout);
+          std::fflush(stdout);
+        }
       }
       done = out.apply(*m);
     }
@@ -180,6 +188,7 @@ int submit_one(const SubmitFlags& f) {
   } else {
     if (out.finished) std::fwrite(out.finished->text.data(), 1, out.finished->text.size(), stdout);
     std::printf("\n");
+    std::fflush(stdout);
     if (out.error) {
       std::fprintf(stderr, "troupe submit: %s\n", out.error->c_str());
     } else if (out.finished && !f.quiet) {
@@ -318,7 +327,11 @@ int run_status(const ClientFlags& f, bool json_out) {
                          {"kv_total", w.kv_total},
                          {"running", w.running},
                          {"waiting", w.waiting},
-                         {"tokens_per_s", w.tokens_per_s}});
+                         {"tokens_per_s", w.tokens_per_s},
+                         {"tokens", w.tokens},
+                         {"steps", w.steps},
+                         {"busy_s", w.busy_s},
+                         {"idle_s", w.idle_s}});
     }
     std::printf("%s\n", dump(json{{"workers", workers},
                                   {"queue_depth", st->queue_depth},

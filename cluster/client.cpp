@@ -31,6 +31,8 @@ Client::~Client() { loop_.stop(); }
 
 bool Client::send(const transport::Message& message) { return loop_.send_message(socket_, {}, message); }
 
+bool Client::send_raw(std::string body) { return loop_.send(socket_, {}, std::move(body)); }
+
 std::optional<transport::Message> Client::next(std::chrono::milliseconds timeout) {
   return inbox_.pop(timeout);
 }

@@ -27,6 +27,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   bool send(const transport::Message& message);
+  // Any bytes as one frame (tests of what a server does with garbage).
+  bool send_raw(std::string body);
   // The next message from the head, or nullopt after `timeout` of silence.
   std::optional<transport::Message> next(std::chrono::milliseconds timeout);
 

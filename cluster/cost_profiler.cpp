@@ -11,7 +11,6 @@
 #include <stdexcept>
 
 #include "cluster/sim/random.hpp"
-#include "core/serving_metrics.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/step_executor.hpp"
 #include "model/threading.hpp"
@@ -159,12 +158,6 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   std::vector<Point> points = grid(o, lim);
   sim::Random rng(o.seed ^ 0x9f0f11e);
   for (int32_t i = 0; i < o.heldout; ++i) points.push_back(random_point(rng, lim));
-  // Measure in a shuffled order, so drift on a shared machine spreads evenly.
-  std::vector<size_t> order(points.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  for (size_t i = order.size(); i > 1; --i)
-    std::swap(order[i - 1], order[static_cast<size_t>(rng.uniform_int(0, i - 1))]);
-
   int64_t max_blocks = 0;
   for (const Point& p : points) {
     int64_t b = 0;
@@ -207,30 +200,26 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   time_once(chunks_of(*largest));
   time_once(chunks_of(grid_point(0, 1, 0, lim)));
 
-  size_t done = 0;
-  for (size_t idx : order) {
-    Point& p = points[idx];
-    const auto chunks = chunks_of(p);
-    for (int32_t r = 0; r < o.reps; ++r) p.m.reps_ns.push_back(time_once(chunks));
-    std::vector<double> reps = p.m.reps_ns;
-    p.m.sample.ns = core::percentile(reps, 50);
+  // Each pass times every point once, in a new shuffled order: a point's runs
+  // are spread over the whole profile, so a busy spell on a shared machine
+  // touches some runs of many points instead of all runs of a few.
+  for (Point& p : points)
     for (const Item& it : p.items) p.m.sample.shape.add(it.start, it.n, it.sample);
-    if (o.progress) o.progress(++done, points.size());
+  std::vector<size_t> order(points.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  size_t done = 0;
+  for (int32_t pass = 0; pass < o.reps; ++pass) {
+    for (size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1))]);
+    for (size_t idx : order) {
+      points[idx].m.reps_ns.push_back(time_once(chunks_of(points[idx])));
+      if (o.progress) o.progress(++done, points.size() * static_cast<size_t>(o.reps));
+    }
   }
 
   sim::CostProfile prof;
-  std::vector<sim::CostSample> fit_samples, held_samples;
-  for (Point& p : points) {
-    (p.heldout ? held_samples : fit_samples).push_back(p.m.sample);
-    (p.heldout ? prof.heldout_points : prof.fit_points).push_back(std::move(p.m));
-  }
-  // Knots where g bends: powers of 4 up to the largest step measured.
-  std::vector<double> knots = {1};
-  for (double k = 4; k < lim.max_tokens; k *= 4) knots.push_back(k);
-  knots.push_back(lim.max_tokens);
-  prof.cost = sim::CostModel::fit(knots, fit_samples);
-  prof.fit_error = sim::fit_error(prof.cost, fit_samples);
-  prof.heldout_error = sim::fit_error(prof.cost, held_samples);
+  for (Point& p : points) (p.heldout ? prof.heldout_points : prof.fit_points).push_back(std::move(p.m));
+  sim::refit(prof, o.stat);
 
   prof.created = utc_now();
   prof.device = gpt.device().str();

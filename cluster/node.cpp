@@ -9,9 +9,11 @@
 #include <thread>
 
 #include "actors/worker_actor.hpp"
+#include "cluster/emulated_worker.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/model_worker.hpp"
 #include "cluster/signals.hpp"
+#include "cluster/sim/cost_profile.hpp"
 #include "model/cpu_count.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -207,20 +209,37 @@ int run_node(const NodeOptions& o) {
   std::vector<actors::WorkerParams> factories;
   const auto budgets = model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()));
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
+  std::optional<sim::CostProfile> profile;
+  if (!o.emulate.empty()) {
+    profile = sim::read_cost_profile(o.emulate);
+    const auto& m = profile->model;
+    if (!o.quiet && (m.n_layer != cfg.n_layer || m.n_embd != cfg.n_embd || m.vocab_size != cfg.vocab_size)) {
+      std::cerr << "worker: note: the cost profile was measured on a " << m.n_layer << "-layer, " << m.n_embd
+                << "-wide model; the emulated workers report this model (" << cfg.n_layer << " layers, "
+                << cfg.n_embd << " wide) and take the profile's step times\n";
+    }
+  }
   for (size_t i = 0; i < devices.size(); ++i) {
-    auto& m = models[devices[i]];
-    if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
-    ModelWorkerConfig wc{m, blocks, o.block_size, budgets[i]};
+    ModelWorkerConfig wc{nullptr, blocks, o.block_size, budgets[i]};
     if (o.threads_per_worker > 0) wc.threads.intra_op_threads = o.threads_per_worker;
-    factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true});
+    if (profile) {
+      EmulatedWorkerConfig ec{profile->cost, {blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
+                              cfg.eos_token_id, o.emulate_time_scale};
+      factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true});
+    } else {
+      auto& m = models[devices[i]];
+      if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
+      wc.model = m;
+      factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true});
+    }
     transport::WorkerInfo info;
     info.index = static_cast<uint32_t>(i);
-    info.device = devices[i];
+    info.device = profile ? "emulated" : devices[i];
     info.num_blocks = blocks;
     info.block_size = o.block_size;
     info.max_model_len = cfg.n_positions;
     info.vocab_size = cfg.vocab_size;
-    info.threads = wc.threads.intra_op_threads;
+    info.threads = profile ? 0 : wc.threads.intra_op_threads;
     info.fingerprint = fingerprint;
     reg.workers.push_back(info);
   }

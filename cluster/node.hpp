@@ -34,6 +34,10 @@ struct NodeOptions {
   std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
   std::chrono::seconds drain_timeout{120};          // SIGTERM: exit after this even without the head's word
   bool quiet = false;
+  // Emulated workers (`--emulate cost.json`): no model runs; each step waits
+  // the time the cost profile predicts (times time_scale). "" = real workers.
+  std::string emulate;
+  double emulate_time_scale = 1.0;
 };
 
 // Runs the node until the head sends shutdown, refuses it (exit status 1),

@@ -17,6 +17,10 @@ transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue)
     ws.running = w.scheduler.num_running;
     ws.waiting = w.scheduler.num_waiting;
     ws.tokens_per_s = r.uptime_s > 0 ? static_cast<double>(w.tokens_generated) / r.uptime_s : 0.0;
+    ws.tokens = static_cast<uint64_t>(w.tokens_generated);
+    ws.steps = static_cast<uint64_t>(w.steps);
+    ws.busy_s = w.busy_ms / 1e3;
+    ws.idle_s = w.idle_ms / 1e3;
     s.workers.push_back(std::move(ws));
   }
   s.queue_depth = r.router.queued;

@@ -10,6 +10,8 @@ struct Batcher::Worker {
   std::unique_ptr<Scheduler> sched;
   WorkerState state = WorkerState::kActive;
   int64_t tokens_generated = 0;
+  int64_t steps = 0;
+  double busy_ms = 0, idle_ms = 0;
   int32_t load() const { return sched->num_running() + sched->num_waiting(); }
 };
 
@@ -244,6 +246,9 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
     remove_worker(worker, now);
     return why;
   }
+  ++w.steps;
+  w.busy_ms += result.forward_ms;
+  w.idle_ms += result.idle_ms;
   collect(w);
   return std::nullopt;
 }
@@ -325,7 +330,8 @@ int32_t Batcher::num_running() const {
 std::vector<WorkerStats> Batcher::worker_stats() const {
   std::vector<WorkerStats> out;
   for (const auto& [id, w] : workers_) {
-    out.push_back({id, w->spec.node, w->spec.device, w->state, w->sched->stats(), w->tokens_generated});
+    out.push_back({id, w->spec.node, w->spec.device, w->state, w->sched->stats(), w->tokens_generated, w->steps,
+                   w->busy_ms, w->idle_ms});
   }
   return out;
 }

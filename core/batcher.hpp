@@ -60,6 +60,9 @@ struct WorkerStats {
   WorkerState state = WorkerState::kActive;
   SchedulerStats scheduler;
   int64_t tokens_generated = 0;  // over its life
+  int64_t steps = 0;             // results received
+  double busy_ms = 0;            // sum of the worker's step times (StepResult::forward_ms)
+  double idle_ms = 0;            // sum of its waits for a plan (StepResult::idle_ms)
 };
 
 struct Dispatch {

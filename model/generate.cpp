@@ -31,8 +31,9 @@ void check_request(const Gpt2Config& cfg, const std::vector<int32_t>& prompt, co
                                 "; shorten the prompt or lower max_tokens");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= cfg.vocab_size)
-      throw std::invalid_argument(who + "prompt token " + std::to_string(i) + " = " + std::to_string(prompt[i]) +
-                                  " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ")");
+      throw std::invalid_argument(who + "prompt token " + std::to_string(i) + " = " +
+                                  std::to_string(prompt[i]) + " is outside the vocabulary [0, " +
+                                  std::to_string(cfg.vocab_size) + ")");
   validate(o.sampling);
 }
 
@@ -66,8 +67,10 @@ GenerateResult generate(const Gpt2& model, const Tokenizer& tokenizer, const std
   std::vector<int32_t> feed = prompt_ids;  // kKv: tokens not yet in the cache
 
   for (int32_t i = 0; i < options.max_tokens; ++i) {
-    torch::Tensor logits =
-        mode == GenerateMode::kNaive ? model.forward_full(seq) : model.forward_contiguous(feed, cache);
+    // kKv computes the LM head for the sampled row only.
+    torch::Tensor logits = mode == GenerateMode::kNaive
+                               ? model.forward_full(seq)
+                               : model.forward_contiguous(feed, cache, LogitRows::kLast);
     const torch::Tensor last = logits.narrow(0, logits.size(0) - 1, 1);  // [1, vocab]
     const SampledToken tok = sample_rows(last, {options.sampling}, {prompt_len + i})[0];
     if (step_logits) step_logits->push_back(last[0].to(torch::kCPU, torch::kFloat).clone());

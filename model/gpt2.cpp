@@ -29,7 +29,8 @@ void expect_shape(const torch::Tensor& t, std::vector<int64_t> shape, const std:
 // CPU int64 copy of a 1-D index tensor.
 torch::Tensor cpu_index(const torch::Tensor& t, int64_t n, const char* name) {
   if (!t.defined() || t.dim() != 1 || t.size(0) != n)
-    bad("Gpt2::forward_step", std::string(name) + " must be a 1-D tensor of T = " + std::to_string(n) + " entries");
+    bad("Gpt2::forward_step",
+        std::string(name) + " must be a 1-D tensor of T = " + std::to_string(n) + " entries");
   if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
     bad("Gpt2::forward_step", std::string(name) + " must be an integer tensor");
   return t.to(torch::kCPU, torch::kLong).contiguous();
@@ -89,7 +90,8 @@ torch::Tensor Gpt2::embed(const torch::Tensor& ids, const torch::Tensor& positio
   return head_.embedding(ids).add_(wpe_.index_select(0, positions));
 }
 
-torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend, const torch::Tensor& keep_rows) const {
+torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
+                               const torch::Tensor& keep_rows) const {
   const int64_t E = config_.n_embd, H = config_.n_head, D = config_.head_dim();
   const double eps = config_.layer_norm_epsilon;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -104,7 +106,8 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend, const to
       x = x.index_select(0, keep_rows);
     }
     L.attn_proj.forward_add_(x, a, L.attn_proj_b);
-    const torch::Tensor f = at::gelu(L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b), "tanh");
+    const torch::Tensor f =
+        at::gelu(L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b), "tanh");
     L.fc_proj.forward_add_(x, f, L.fc_proj_b);
   }
   return x;
@@ -123,7 +126,8 @@ torch::Tensor Gpt2::forward_full(const std::vector<int32_t>& ids) const {
     bad(who, std::to_string(T) + " tokens exceed n_positions = " + std::to_string(config_.n_positions));
   check_ids(ids, who);
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
-  const torch::Tensor id_t = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
+  const torch::Tensor id_t =
+      torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
   torch::Tensor x = embed(id_t, at::arange(T, long_opts));
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim()));
   const torch::Tensor mask =
@@ -134,7 +138,9 @@ torch::Tensor Gpt2::forward_full(const std::vector<int32_t>& ids) const {
       [&](int, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
         torch::Tensor sc = at::matmul(q.transpose(0, 1), k.permute({1, 2, 0})).mul_(scale);  // [H, T, T]
         sc.masked_fill_(mask, neg_inf);
-        return at::matmul(at::softmax(sc, -1), v.transpose(0, 1)).transpose(0, 1).reshape({T, config_.n_embd});
+        return at::matmul(at::softmax(sc, -1), v.transpose(0, 1))
+            .transpose(0, 1)
+            .reshape({T, config_.n_embd});
       },
       torch::Tensor());
   return lm_head(x);
@@ -142,8 +148,9 @@ torch::Tensor Gpt2::forward_full(const std::vector<int32_t>& ids) const {
 
 ContiguousKv Gpt2::make_contiguous_cache(int64_t capacity) const {
   if (capacity < 1 || capacity > config_.n_positions)
-    bad("Gpt2::make_contiguous_cache", "capacity must be in [1, n_positions = " +
-                                           std::to_string(config_.n_positions) + "], got " + std::to_string(capacity));
+    bad("Gpt2::make_contiguous_cache",
+        "capacity must be in [1, n_positions = " + std::to_string(config_.n_positions) + "], got " +
+            std::to_string(capacity));
   ContiguousKv kv;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   for (int l = 0; l < config_.n_layer; ++l) {
@@ -154,26 +161,29 @@ ContiguousKv Gpt2::make_contiguous_cache(int64_t capacity) const {
   return kv;
 }
 
-torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache) const {
+torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache,
+                                       LogitRows rows) const {
   const char* who = "Gpt2::forward_contiguous";
   const int64_t T = static_cast<int64_t>(ids.size()), L0 = cache.length;
   if (T == 0) bad(who, "no tokens");
-  if (cache.k.size() != static_cast<size_t>(config_.n_layer) || cache.v.size() != cache.k.size() ||
-      L0 < 0 || L0 > cache.capacity)
+  if (cache.k.size() != static_cast<size_t>(config_.n_layer) || cache.v.size() != cache.k.size() || L0 < 0 ||
+      L0 > cache.capacity)
     bad(who, "the cache was not made by make_contiguous_cache for this model");
   if (L0 + T > cache.capacity)
-    bad(who, std::to_string(L0) + " cached + " + std::to_string(T) + " new tokens exceed the cache capacity " +
-                 std::to_string(cache.capacity));
+    bad(who, std::to_string(L0) + " cached + " + std::to_string(T) +
+                 " new tokens exceed the cache capacity " + std::to_string(cache.capacity));
   if (L0 + T > config_.n_positions)
     bad(who, std::to_string(L0 + T) + " tokens exceed n_positions = " + std::to_string(config_.n_positions));
   check_ids(ids, who);
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
-  const torch::Tensor id_t = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
+  const torch::Tensor id_t =
+      torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
   torch::Tensor x = embed(id_t, at::arange(L0, L0 + T, long_opts));
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim()));
   // Row i (position L0 + i) must not see keys after L0 + i; one row needs no mask.
   torch::Tensor mask;
-  if (T > 1) mask = at::ones({T, L0 + T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu_(L0 + 1);
+  if (T > 1)
+    mask = at::ones({T, L0 + T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu_(L0 + 1);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   x = run_blocks(
       x,
@@ -184,22 +194,26 @@ torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, Contiguo
         vc.narrow(1, L0, T).copy_(v.transpose(0, 1));
         torch::Tensor sc = at::matmul(q.transpose(0, 1), kc.narrow(1, 0, L0 + T).transpose(1, 2)).mul_(scale);
         if (mask.defined()) sc.masked_fill_(mask, neg_inf);
-        return at::matmul(at::softmax(sc, -1), vc.narrow(1, 0, L0 + T)).transpose(0, 1).reshape({T, config_.n_embd});
+        return at::matmul(at::softmax(sc, -1), vc.narrow(1, 0, L0 + T))
+            .transpose(0, 1)
+            .reshape({T, config_.n_embd});
       },
-      torch::Tensor());
+      rows == LogitRows::kLast && T > 1 ? at::full({1}, T - 1, long_opts) : torch::Tensor());
   cache.length = L0 + T;
   return lm_head(x);
 }
 
-torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache, PagedAttention attention) const {
+torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache,
+                                 PagedAttention attention) const {
   const char* who = "Gpt2::forward_step";
   if (cache.n_layer() != config_.n_layer || cache.n_head() != config_.n_head ||
       cache.head_dim() != config_.head_dim())
     bad(who, "the KV cache was made for a different model shape");
   if (cache.device() != device_) bad(who, "the KV cache is on another device than the model");
-  const bool kernel = attention == PagedAttention::kKernel ||
-                      (attention == PagedAttention::kAuto && device_.is_cpu());
-  if (kernel && !device_.is_cpu()) bad(who, "PagedAttention::kKernel needs a CPU model; use kGather or kAuto");
+  const bool kernel =
+      attention == PagedAttention::kKernel || (attention == PagedAttention::kAuto && device_.is_cpu());
+  if (kernel && !device_.is_cpu())
+    bad(who, "PagedAttention::kKernel needs a CPU model; use kGather or kAuto");
 
   // Validation on CPU copies (a few small transfers on an accelerator): every
   // index is checked so a bad plan is an exception, not a wild write.
@@ -211,7 +225,8 @@ torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache, Pa
   const int64_t S = static_cast<int64_t>(batch.context_lens.size());
   const auto& qs = batch.query_start;
   if (static_cast<int64_t>(qs.size()) != S + 1 || qs.front() != 0 || qs.back() != T)
-    bad(who, "query_start must hold S + 1 = " + std::to_string(S + 1) + " offsets from 0 to T = " + std::to_string(T));
+    bad(who, "query_start must hold S + 1 = " + std::to_string(S + 1) +
+                 " offsets from 0 to T = " + std::to_string(T));
   const torch::Tensor& bt_in = batch.block_tables;
   if (!bt_in.defined() || bt_in.dim() != 2 || bt_in.size(0) != S ||
       !at::isIntegralType(bt_in.scalar_type(), false))
@@ -225,14 +240,15 @@ torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache, Pa
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q0 = qs[s], q1 = qs[s + 1], ctx = batch.context_lens[s];
     if (q1 <= q0) bad(who, "sequence " + std::to_string(s) + " has no rows (query_start must increase)");
-    if (ctx < q1 - q0) bad(who, "context_lens[" + std::to_string(s) + "] is shorter than its rows in this step");
+    if (ctx < q1 - q0)
+      bad(who, "context_lens[" + std::to_string(s) + "] is shorter than its rows in this step");
     if (ctx > config_.n_positions)
-      bad(who, "context_lens[" + std::to_string(s) + "] = " + std::to_string(ctx) + " exceeds n_positions = " +
-                   std::to_string(config_.n_positions));
+      bad(who, "context_lens[" + std::to_string(s) + "] = " + std::to_string(ctx) +
+                   " exceeds n_positions = " + std::to_string(config_.n_positions));
     const int64_t need = (ctx + bs - 1) / bs;
     if (need > max_blocks)
-      bad(who, "sequence " + std::to_string(s) + " needs " + std::to_string(need) + " blocks, its table holds " +
-                   std::to_string(max_blocks));
+      bad(who, "sequence " + std::to_string(s) + " needs " + std::to_string(need) +
+                   " blocks, its table holds " + std::to_string(max_blocks));
     const int32_t* table = btp + s * max_blocks;
     for (int64_t b = 0; b < need; ++b)
       if (table[b] < 0 || table[b] >= cache.num_blocks())
@@ -240,29 +256,33 @@ torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache, Pa
                      " is outside the pool of " + std::to_string(cache.num_blocks()) + " blocks");
     for (int64_t i = q0; i < q1; ++i) {
       if (idp[i] < 0 || idp[i] >= config_.vocab_size)
-        bad(who, "token id " + std::to_string(idp[i]) + " at row " + std::to_string(i) + " is outside the vocabulary");
+        bad(who, "token id " + std::to_string(idp[i]) + " at row " + std::to_string(i) +
+                     " is outside the vocabulary");
       if (pp[i] < 0 || pp[i] >= config_.n_positions)
-        bad(who, "position " + std::to_string(pp[i]) + " at row " + std::to_string(i) + " is beyond n_positions = " +
-                     std::to_string(config_.n_positions));
+        bad(who, "position " + std::to_string(pp[i]) + " at row " + std::to_string(i) +
+                     " is beyond n_positions = " + std::to_string(config_.n_positions));
       if (pp[i] != ctx - (q1 - i))
         bad(who, "position " + std::to_string(pp[i]) + " at row " + std::to_string(i) +
                      " disagrees with context_lens (a sequence's rows must be its newest tokens, in order)");
       if (sp[i] < 0 || sp[i] >= cache.num_slots())
-        bad(who, "slot " + std::to_string(sp[i]) + " at row " + std::to_string(i) + " is beyond the pool of " +
-                     std::to_string(cache.num_slots()) + " slots");
+        bad(who, "slot " + std::to_string(sp[i]) + " at row " + std::to_string(i) +
+                     " is beyond the pool of " + std::to_string(cache.num_slots()) + " slots");
       if (sp[i] != static_cast<int64_t>(table[pp[i] / bs]) * bs + pp[i] % bs)
         bad(who, "slot " + std::to_string(sp[i]) + " at row " + std::to_string(i) +
                      " disagrees with the block table for its position");
     }
   }
   for (int64_t r : batch.sample_rows)
-    if (r < 0 || r >= T) bad(who, "sample row " + std::to_string(r) + " is outside [0, T = " + std::to_string(T) + ")");
+    if (r < 0 || r >= T)
+      bad(who, "sample row " + std::to_string(r) + " is outside [0, T = " + std::to_string(T) + ")");
 
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
   const torch::Tensor slots_dev = slots.to(device_);
   torch::Tensor rows;
-  if (!batch.sample_rows.empty()) rows = torch::tensor(batch.sample_rows, torch::kLong).to(device_);
-  else rows = at::empty({0}, long_opts);
+  if (!batch.sample_rows.empty())
+    rows = torch::tensor(batch.sample_rows, torch::kLong).to(device_);
+  else
+    rows = at::empty({0}, long_opts);
   PagedAttentionInput in;
   in.query_start = qs;
   in.context_lens = batch.context_lens;

@@ -51,6 +51,13 @@ enum class PagedAttention {
   kGather,  // portable torch ops: gather the sequence's blocks, then matmul/softmax
 };
 
+// Which rows of forward_contiguous get logits: the LM head is the largest
+// matrix (vocab x n_embd), and a generation loop samples only the last row.
+enum class LogitRows {
+  kAll,   // one row per input token
+  kLast,  // the last input token's row only
+};
+
 class Gpt2 {
  public:
   // Copies the weights to `device` in the layout the forward pass wants.
@@ -65,8 +72,10 @@ class Gpt2 {
   torch::Tensor forward_full(const std::vector<int32_t>& ids) const;
 
   ContiguousKv make_contiguous_cache(int64_t capacity) const;
-  // Appends `ids` to the cache and returns the logits [ids.size(), vocab].
-  torch::Tensor forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache) const;
+  // Appends `ids` to the cache and returns the logits [ids.size(), vocab]
+  // (kAll) or [1, vocab] for the last id (kLast).
+  torch::Tensor forward_contiguous(const std::vector<int32_t>& ids, ContiguousKv& cache,
+                                   LogitRows rows = LogitRows::kAll) const;
 
   // Writes the step's K/V into its slots and returns logits [sample_rows.size(), vocab].
   // Sequence s's rows must be its newest tokens in order (position of row i =
@@ -77,16 +86,17 @@ class Gpt2 {
                              PagedAttention attention = PagedAttention::kAuto) const;
 
  private:
-  // Weights on device_. Each projection is a Linear: packed for the AVX-512
-  // kernel on a CPU, HF's [in, out] tensor for addmm elsewhere.
+  // Weights on device_. Each projection is a Linear: packed for the
+  // process's kernel variant on a CPU (cpu_features.hpp), HF's [in, out]
+  // tensor for addmm elsewhere.
   struct Layer {
     torch::Tensor ln1_w, ln1_b, attn_b, attn_proj_b, ln2_w, ln2_b, fc_b, fc_proj_b;
     Linear attn, attn_proj, fc, fc_proj;
   };
   // attend(layer, q, k, v): q, k, v are [T, n_head, head_dim] views of the
   // layer's fused QKV projection; returns the merged heads [T, n_embd].
-  using AttendFn = std::function<torch::Tensor(int, const torch::Tensor&, const torch::Tensor&,
-                                               const torch::Tensor&)>;
+  using AttendFn =
+      std::function<torch::Tensor(int, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
   torch::Tensor embed(const torch::Tensor& ids, const torch::Tensor& positions) const;
   // Runs every block on x [T, E]. With keep_rows defined, the last block keeps
   // only those rows after its attention (what follows is per row), so the

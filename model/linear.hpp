@@ -1,30 +1,30 @@
 #pragma once
 // Linear: y = x @ W + b for one weight matrix W [in, out], fp32, with W packed
-// once for an AVX-512 kernel on the CPU.
+// once for the CPU's packed GEMM kernel: AVX-512 (6 x 64 tiles) or AVX2 + FMA
+// (6 x 16 tiles), whichever variant the process runs (cpu_features.hpp); the
+// layout is the variant's (linear_kernel.hpp), so a Linear is packed for one
+// variant and keeps it for its lifetime.
 //
-// Why not OpenBLAS: its AVX2 kernels run small-M GEMMs (the decode of a few
-// sequences) at a fraction of the memory bandwidth, and M = 64..512 at half
-// of what 512-bit FMAs reach (bench/bench_linear.cpp measures both).
+// Why not OpenBLAS: its kernels run small-M GEMMs (the decode of a few
+// sequences) at a fraction of the memory bandwidth, and dip at M = 64 on AVX2
+// machines (bench/bench_linear.cpp measures both, per variant).
 //
-// Packed layout: W's columns in panels of 64, each panel [in, 64] contiguous
-// (the last one zero-padded). Tiles of up to 6 rows x 64 columns keep 24
-// accumulators in zmm registers; all row tiles pass over a 384-row chunk of a
-// panel while it sits in L2 and prefetch the next chunk meanwhile, so each
-// weight comes from memory once per call and the stream overlaps the FMAs
-// (Goto & van de Geijn, "Anatomy of high-performance matrix multiplication",
-// 2008, with the packed panel in the role of B). Threads (at::parallel_for)
-// take disjoint column panels, so any thread count gives the same bits; they
-// are only real threads when this library is compiled with
-// -fopenmp (ATen's OpenMP parallel_for is a header template).
+// Threads (at::parallel_for) take disjoint column panels, so any thread count
+// gives the same bits; they are only real threads when this library is
+// compiled with -fopenmp (ATen's OpenMP parallel_for is a header template).
 //
-// Everything else — a build without AVX-512, a weight not fp32 or not on the
+// Everything else — the portable variant, a weight not fp32 or not on the
 // CPU, or a Linear built with pack = false — keeps W as given and calls
 // at::addmm / at::addmv (GEMV for a single row), so other devices work.
 #include <cstdint>
 
 #include <torch/types.h>
 
+#include "model/cpu_features.hpp"
+
 namespace troupe::model {
+
+struct PackedGemmKernel;
 
 // How the source tensor holds W.
 enum class WeightLayout {
@@ -35,14 +35,21 @@ enum class WeightLayout {
 class Linear {
  public:
   Linear() = default;
-  // Copies `weight` into the packed layout when it is an fp32 CPU tensor, the
-  // build has AVX-512 and `pack` is true; otherwise keeps (a contiguous view
-  // of) it for at::addmm. The source is not referenced after packing.
+  // Packs `weight` for the process's kernel variant (kernel_isa()) when
+  // `pack` is true; pack = false keeps it for BLAS. Same as
+  // Linear(weight, layout, pack ? kernel_isa() : CpuIsa::kPortable).
   Linear(const torch::Tensor& weight, WeightLayout layout, bool pack = true);
+  // Copies `weight` into `isa`'s packed layout when it is an fp32 CPU tensor
+  // and isa has a packed kernel (avx2, avx512); otherwise keeps (a contiguous
+  // view of) it for at::addmm. The source is not referenced after packing.
+  // Throws std::invalid_argument when this CPU cannot run `isa`.
+  Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa);
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  bool packed() const { return packed_; }  // the AVX-512 kernel serves this weight
+  bool packed() const { return kernel_ != nullptr; }  // a packed kernel serves this weight
+  // The variant serving this weight: kPortable when it goes through BLAS.
+  CpuIsa isa() const { return isa_; }
   torch::Device device() const;
 
   // x [M, in] @ W + bias -> [M, out]. bias is [out] or undefined (none).
@@ -61,12 +68,14 @@ class Linear {
  private:
   void check_args(const torch::Tensor& x, const torch::Tensor& bias, const char* who) const;
   // C [M, out] (row stride ldc) = or += x @ W + bias, on the packed weight.
-  void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc, bool accumulate) const;
+  void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc,
+                  bool accumulate) const;
 
-  torch::Tensor weight_;  // packed: [panels, in, 64] fp32; else the source as given, contiguous
+  torch::Tensor weight_;  // packed: [panels, in, nr] fp32; else the source as given, contiguous
   WeightLayout layout_ = WeightLayout::kInOut;  // the source's layout (unpacked weight_ keeps it)
   int64_t in_ = 0, out_ = 0;
-  bool packed_ = false;
+  CpuIsa isa_ = CpuIsa::kPortable;
+  const PackedGemmKernel* kernel_ = nullptr;  // null: BLAS
 };
 
 }  // namespace troupe::model

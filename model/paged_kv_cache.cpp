@@ -1,5 +1,8 @@
 #include "model/paged_kv_cache.hpp"
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -8,6 +11,27 @@
 #include <ATen/Parallel.h>
 
 namespace troupe::model {
+namespace {
+
+// An fp32 CPU tensor whose memory is reserved but not touched: anonymous
+// pages are mapped on their first write, so resident memory grows with the
+// blocks sequences actually use, not with the pool (a 2 GiB pool costs
+// nothing until it fills). A never-written page reads as zeros, though
+// nothing reads a slot before its token's K/V is written there (the kernel
+// reads only context positions; the gather path zeroes the padding it reads).
+torch::Tensor untouched_cpu_pool(const std::vector<int64_t>& shape) {
+  size_t bytes = sizeof(float);
+  for (int64_t d : shape) bytes *= static_cast<size_t>(d);
+  void* mem =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED)
+    throw std::runtime_error("PagedKvCache: cannot reserve " + std::to_string(bytes >> 20) +
+                             " MiB for a KV pool: " + std::strerror(errno) + "; lower the KV cache size");
+  return at::from_blob(
+      mem, shape, [bytes](void* m) { munmap(m, bytes); }, torch::TensorOptions().dtype(torch::kFloat32));
+}
+
+}  // namespace
 
 PagedKvCache::PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size,
                            torch::Device device)
@@ -20,8 +44,8 @@ PagedKvCache::PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   const std::vector<int64_t> shape{num_blocks, config_.n_head, block_size, config_.head_dim()};
   for (int l = 0; l < config_.n_layer; ++l) {
-    k_.push_back(torch::zeros(shape, opts));
-    v_.push_back(torch::zeros(shape, opts));
+    k_.push_back(device.is_cpu() ? untouched_cpu_pool(shape) : at::empty(shape, opts));
+    v_.push_back(device.is_cpu() ? untouched_cpu_pool(shape) : at::empty(shape, opts));
   }
 }
 
@@ -33,7 +57,8 @@ int64_t PagedKvCache::bytes_per_block(const Gpt2Config& config, int64_t block_si
 }
 
 int64_t PagedKvCache::blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size) {
-  if (bytes < 0) throw std::invalid_argument("PagedKvCache: bytes must be >= 0, got " + std::to_string(bytes));
+  if (bytes < 0)
+    throw std::invalid_argument("PagedKvCache: bytes must be >= 0, got " + std::to_string(bytes));
   return bytes / bytes_per_block(config, block_size);
 }
 

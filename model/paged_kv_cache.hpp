@@ -16,7 +16,10 @@ namespace troupe::model {
 class PagedKvCache {
  public:
   // num_blocks >= 1, block_size >= 1. Allocates 2 * n_layer pools of
-  // num_blocks * block_size * n_embd fp32 values on `device`, zero-filled.
+  // num_blocks * block_size * n_embd fp32 values on `device`, uninitialised:
+  // a slot holds garbage until its token's K/V is written. On the CPU the
+  // pools are reserved without being touched, so resident memory follows
+  // the blocks in use (never-written pages read as zeros).
   PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size = 16,
                torch::Device device = torch::kCPU);
 
@@ -45,7 +48,8 @@ class PagedKvCache {
   void write(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
   // What write() does off the CPU (index_put_ on the pools, no range check);
   // public so that path is tested on the CPU too.
-  void write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
+  void write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k,
+                            const torch::Tensor& v);
 
  private:
   Gpt2Config config_;

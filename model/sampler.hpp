@@ -9,8 +9,13 @@
 // and top-p), the token is argmax_i (logit_i / T + g_i) with g_i a standard
 // Gumbel variable, which is an exact sample of softmax(logits / T)
 // renormalised over the kept set. The noise g_i is a counter-based hash of
-// (seed, position, token id) (splitmix64, Steele et al. 2014), never a
-// stateful generator.
+// (seed, position, token id), never a stateful generator: splitmix64
+// (Steele et al. 2014) turns (seed, position) into a 64-bit row key once per
+// row, and two keyed rounds of a 32-bit mixer (lowbias32) turn (key, id) into
+// 32 bits per token, so the per-token work vectorises on AVX2 and SSE4.1 as
+// well as AVX-512. An id whose scaled logit is more than the noise's upper
+// bound (22.2) below the best score found so far cannot win: its noise is
+// never computed, so a peaked row costs little.
 //
 // Robustness: a numerically equivalent path (paged vs contiguous KV, alone vs
 // in a batch whose GEMMs sum in another order) perturbs logits by ~1e-6. That
@@ -24,7 +29,9 @@
 //
 // Bits: everything on the path to the chosen id is plain IEEE with the
 // project's own exp and log polynomials (no libm, no FMA contraction), so
-// equal logits give equal tokens on every machine and SIMD width.
+// equal logits give equal tokens on every machine and SIMD width. The
+// per-token loops run in the kernel variant the process chose
+// (sampler_kernels.hpp, cpu_features.hpp); every variant gives the same bits.
 //
 // Torch-free apart from sample_rows, which takes a forward-declared tensor.
 #include <cstdint>
@@ -49,6 +56,9 @@ using core::validate;
 // hashed u in (0, 1) on a 2^-31 grid, so g lies in [-2.82, 22.2] (the cut
 // tails have probability < 1e-7 per token).
 float gumbel_noise(uint64_t seed, int64_t position, int32_t token);
+// The 32 hashed bits gumbel_noise turns into noise: u = top 31 bits (k) as
+// v = (k - k / 2^24 + 0.5) / 2^31, g = -log(-log1p(-v)). For tests and tools.
+uint32_t gumbel_noise_bits(uint64_t seed, int64_t position, int32_t token);
 
 // Samples one token from `logits[0, vocab)` (raw, unscaled). `position` is the
 // index in its sequence of the token being sampled (prompt_len for the first
@@ -62,14 +72,12 @@ float gumbel_noise(uint64_t seed, int64_t position, int32_t token);
 // `logprob` is 0 and `top` empty. Throws std::invalid_argument on bad params
 // or vocab < 1, and std::runtime_error when the logits hold NaN or +inf, or
 // are all -inf.
-SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& params,
-                    int64_t position);
+SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& params, int64_t position);
 
 // Samples row r of `logits` [R, V] (any floating dtype, any device: copied to
 // CPU fp32 once) with params[r] at positions[r]; rows run in parallel
 // (at::parallel_for). All params are validated before any row is sampled.
-std::vector<SampledToken> sample_rows(const at::Tensor& logits,
-                                      const std::vector<SamplingParams>& params,
+std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vector<SamplingParams>& params,
                                       const std::vector<int64_t>& positions);
 
 }  // namespace troupe::model

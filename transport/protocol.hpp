@@ -134,6 +134,10 @@ struct WorkerStatus {
   int32_t running = 0;      // sequences running
   int32_t waiting = 0;      // sequences placed on it, not yet running
   double tokens_per_s = 0;  // output tokens/s, recent
+  uint64_t tokens = 0;      // output tokens since it joined
+  uint64_t steps = 0;       // steps it ran
+  double busy_s = 0;        // seconds it spent running steps
+  double idle_s = 0;        // seconds it waited for a plan between steps
 };
 
 // router -> client.

@@ -203,6 +203,10 @@ StatusReply get_status_reply(const Fields& f) {
       s.running = w.req("running", get_int<int32_t>);
       s.waiting = w.req("waiting", get_int<int32_t>);
       s.tokens_per_s = w.req("tokens_per_s", get_double);
+      w.opt("tokens", s.tokens, get_u64);
+      w.opt("steps", s.steps, get_u64);
+      w.opt("busy_s", s.busy_s, get_double);
+      w.opt("idle_s", s.idle_s, get_double);
       return s;
     });
   });

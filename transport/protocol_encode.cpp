@@ -180,7 +180,7 @@ struct Encoder {
     w.value("workers");
     w.array(m.workers.size());
     for (const auto& s : m.workers) {
-      w.map(9);
+      w.map(13);
       w.kv("id", s.id);
       w.kv("node", s.node);
       w.kv("device", s.device);
@@ -190,6 +190,10 @@ struct Encoder {
       w.kv("running", s.running);
       w.kv("waiting", s.waiting);
       w.kv("tokens_per_s", s.tokens_per_s);
+      w.kv("tokens", s.tokens);
+      w.kv("steps", s.steps);
+      w.kv("busy_s", s.busy_s);
+      w.kv("idle_s", s.idle_s);
     }
     w.kv("queue_depth", m.queue_depth);
     w.kv("max_queue", m.max_queue);

@@ -1,7 +1,11 @@
 #include "cluster/sim/cost_profile.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <stdexcept>
+
+#include "core/serving_metrics.hpp"
 
 namespace troupe::cluster::sim {
 namespace {
@@ -76,6 +80,55 @@ FitError error_from(const json& j) {
 
 }  // namespace
 
+RepStat parse_rep_stat(const std::string& text) {
+  if (text == "min") return RepStat::kMin;
+  if (text == "median") return RepStat::kMedian;
+  throw std::invalid_argument("the statistic of repetitions must be min or median, got '" + text + "'");
+}
+
+const char* to_string(RepStat stat) { return stat == RepStat::kMin ? "min" : "median"; }
+
+void refit(CostProfile& p, RepStat stat) {
+  auto of = [stat](std::vector<double> reps) {
+    return stat == RepStat::kMin ? *std::min_element(reps.begin(), reps.end()) : core::percentile(reps, 50);
+  };
+  if (p.fit_points.empty()) throw std::invalid_argument("refit: the profile has no fit points");
+  int64_t largest = 1;
+  std::vector<CostSample> fit, held;
+  for (auto* points : {&p.fit_points, &p.heldout_points}) {
+    for (MeasuredStep& m : *points) {
+      if (m.reps_ns.empty()) throw std::invalid_argument("refit: a point has no repetitions");
+      m.sample.ns = of(m.reps_ns);
+      largest = std::max(largest, m.sample.shape.tokens);
+      (points == &p.fit_points ? fit : held).push_back(m.sample);
+    }
+  }
+  std::vector<double> knots = {1};
+  for (double k = 4; k < static_cast<double>(largest); k *= 4) knots.push_back(k);
+  if (largest > 1) knots.push_back(static_cast<double>(largest));
+  p.stat = stat;
+  p.cost = CostModel::fit(knots, fit);
+  p.fit_error = fit_error(p.cost, fit);
+  p.heldout_error = fit_error(p.cost, held);
+  std::vector<double> diff;
+  for (const auto* points : {&p.fit_points, &p.heldout_points}) {
+    for (const MeasuredStep& m : *points) {
+      if (m.reps_ns.size() < 2) continue;
+      std::vector<double> even, odd;
+      for (size_t i = 0; i < m.reps_ns.size(); ++i) (i % 2 ? odd : even).push_back(m.reps_ns[i]);
+      const double a = of(even), b = of(odd);
+      diff.push_back(100 * std::fabs(a - b) / std::min(a, b));
+    }
+  }
+  p.repeatability = {};
+  p.repeatability.points = diff.size();
+  if (!diff.empty()) {
+    p.repeatability.median_pct = core::percentile(diff, 50);
+    p.repeatability.p90_pct = core::percentile(diff, 90);
+    p.repeatability.max_pct = diff.back();
+  }
+}
+
 ordered_json CostProfile::to_json() const {
   ordered_json j;
   j["format"] = "troupe-cost-profile";
@@ -92,9 +145,11 @@ ordered_json CostProfile::to_json() const {
   j["block_size"] = block_size;
   j["kv_bytes_per_token"] = kv_bytes_per_token;
   j["sampling"] = sampling;
+  j["rep_stat"] = to_string(stat);
   j["cost_model"] = cost.to_json();
   j["fit_error"] = error_json(fit_error);
   j["heldout_error"] = error_json(heldout_error);
+  j["repeatability"] = error_json(repeatability);
   ordered_json fit = ordered_json::array(), held = ordered_json::array();
   for (const auto& m : fit_points) fit.push_back(step_json(m));
   for (const auto& m : heldout_points) held.push_back(step_json(m));
@@ -128,9 +183,15 @@ CostProfile CostProfile::from_json(const json& j) {
   p.kv_bytes_per_token = get<int64_t>(j, "kv_bytes_per_token");
   if (p.block_size < 1 || p.kv_bytes_per_token < 1) bad("block_size and kv_bytes_per_token must be >= 1");
   p.sampling = get<std::string>(j, "sampling");
+  try {
+    p.stat = parse_rep_stat(get<std::string>(j, "rep_stat"));
+  } catch (const std::invalid_argument& e) {
+    bad(e.what());
+  }
   p.cost = CostModel::from_json(field(j, "cost_model"));
   p.fit_error = error_from(field(j, "fit_error"));
   p.heldout_error = error_from(field(j, "heldout_error"));
+  p.repeatability = error_from(field(j, "repeatability"));
   for (const auto& x : field(j, "fit_points")) p.fit_points.push_back(step_from(x));
   for (const auto& x : field(j, "heldout_points")) p.heldout_points.push_back(step_from(x));
   return p;

@@ -34,6 +34,15 @@ struct MeasuredStep {
   int64_t decode_context = 0;  // total context of the decode sequences
 };
 
+// Which statistic of a point's repetitions stands for its time.
+enum class RepStat {
+  kMin,     // the fastest run: the step without interference from other processes (default)
+  kMedian,  // the typical run, interference included
+};
+// "min", "median"; std::invalid_argument otherwise.
+RepStat parse_rep_stat(const std::string& text);
+const char* to_string(RepStat stat);
+
 struct CostProfile {
   static constexpr int kVersion = 1;
   std::string created;    // UTC ISO-8601 time of the measurement
@@ -46,13 +55,24 @@ struct CostProfile {
   int32_t block_size = 16;         // KV block size the steps ran with
   int64_t kv_bytes_per_token = 0;  // KV memory per token slot (all layers, K and V)
   std::string sampling;            // the sampling the steps used ("greedy")
+  RepStat stat = RepStat::kMin;    // how each point's time comes from its repetitions
   CostModel cost;
   std::vector<MeasuredStep> fit_points, heldout_points;
   FitError fit_error, heldout_error;
+  // How well the machine repeats itself: each point's time from its even runs
+  // against from its odd runs (the statistic above), relative difference over
+  // every point. No model fits better than its measurements repeat. (Needs 2 runs.)
+  FitError repeatability;
 
   nlohmann::ordered_json to_json() const;
   static CostProfile from_json(const nlohmann::json& j);  // std::runtime_error naming the field
 };
+
+// Sets every point's time from its repetitions by `stat`, fits the cost model
+// on the fit points (knots at 1, powers of 4 and the largest step) and
+// measures its error on both sets. Throws std::invalid_argument without fit
+// points or repetitions.
+void refit(CostProfile& profile, RepStat stat);
 
 void write_cost_profile(const std::string& path, const CostProfile& profile);
 // Throws std::runtime_error naming the file on a missing, unreadable or malformed file.

@@ -80,8 +80,7 @@ class Simulation {
       w.device = s.device;
       w.scheduler = s.scheduler;
       w.scheduler.seed = core::splitmix64(o.seed ^ (w.id * 0x51ed));
-      w.scheduler.hash_key =
-          core::splitmix64(o.seed ^ 0x4a54) | 1;  // shared: prefixes compare across workers
+      w.scheduler.hash_key = core::splitmix64(o.seed ^ 0x4a54) | 1;  // fixed (0 draws a random key)
       if (auto err = batcher_.add_worker(w)) throw std::invalid_argument("simulation: " + *err);
       workers_.emplace_back(s, w.id);
       max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);

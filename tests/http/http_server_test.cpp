@@ -86,8 +86,9 @@ TEST(HttpFront, CurlPlainAndStreamedAgreeWithTheZeroMqFront) {
   EXPECT_EQ(p["usage"]["total_tokens"], 10);
   const std::string text = p["choices"][0]["text"];
 
-  const HttpReply streamed = curl(serve.url() + "/v1/completions",
-                                  std::string(kGreedy8) + R"(, "stream": true, "stream_options": {"include_usage": true}})");
+  const HttpReply streamed =
+      curl(serve.url() + "/v1/completions",
+           std::string(kGreedy8) + R"(, "stream": true, "stream_options": {"include_usage": true}})");
   ASSERT_EQ(streamed.status, 200) << streamed.body;
   const auto events = sse_data(streamed.body);
   ASSERT_GE(events.size(), 3u) << streamed.body;
@@ -130,7 +131,7 @@ TEST(HttpFront, ErrorsComeWithTheirStatusInOpenAisShape) {
       {"/v1/completions", R"({"prompt": "a", "n": 0})", 400, "n must be in"},
       {"/v1/completions", R"({"prompt": "a", "temperature": -1})", 400, "temperature"},
       {"/v1/completions", R"({"prompt": [99999999]})", 400, "outside the vocabulary"},
-      {"/v1/completions", R"({"prompt": "a", "max_tokens": 5000})", 413, "exceeds the model's 1024 positions"},
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 5000})", 413, "exceeds the model's 512 positions"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})", 404, "does not exist"},
       {"/v1/completions", "not json", 400, "not valid JSON"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "no chat template"},
@@ -146,7 +147,7 @@ TEST(HttpFront, ErrorsComeWithTheirStatusInOpenAisShape) {
   }
   const json models = parse(curl(url + "/v1/models"));
   EXPECT_EQ(models["data"][0]["id"], "tiny");
-  EXPECT_EQ(models["data"][0]["max_model_len"], 1024);
+  EXPECT_EQ(models["data"][0]["max_model_len"], 512);
   const HttpReply health = curl(url + "/health");
   EXPECT_EQ(health.status, 200);
   EXPECT_EQ(parse(health)["workers"], 1);
@@ -168,21 +169,36 @@ TEST(HttpFront, AFullQueueIs429AndNoWorkerIs503) {
   const HttpReply c = curl(none.url() + "/v1/completions", std::string(kGreedy8) + "}");
   EXPECT_EQ(c.status, 503) << c.body;
   EXPECT_EQ(parse(c)["error"]["code"], "no_workers");
+
+  // A worker joins from its own process: /health turns 200 and the same request is served.
+  troupe::test::TempDir dir;
+  troupe::test::Process worker({troupe::test::troupe_bin(), "worker", "--join", none.worker_listen(),
+                                "--model", troupe::test::tiny_http_model_dir(), "--threads-per-worker", "1"},
+                               dir.file("worker.log"));
+  const bool joined = troupe::test::eventually([&] { return curl(none.url() + "/health").status == 200; },
+                                               std::chrono::seconds(120));
+  ASSERT_TRUE(joined) << worker.log() << none.log();
+  EXPECT_EQ(parse(curl(none.url() + "/health"))["workers"], 1);
+  EXPECT_EQ(curl(none.url() + "/v1/completions", std::string(kGreedy8) + "}").status, 200);
 }
 
 TEST(HttpFront, AnApiKeyIsRequiredOnV1Only) {
   ServeProcess serve({"--api-key", "s3cret"});
   EXPECT_EQ(curl(serve.url() + "/v1/models").status, 401);
-  EXPECT_EQ(curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}", "-H 'Authorization: Bearer wrong'").status,
-            401);
-  EXPECT_EQ(curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}", "-H 'Authorization: Bearer s3cret'").status,
-            200);
+  EXPECT_EQ(
+      curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}", "-H 'Authorization: Bearer wrong'")
+          .status,
+      401);
+  EXPECT_EQ(
+      curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}", "-H 'Authorization: Bearer s3cret'")
+          .status,
+      200);
   EXPECT_EQ(curl(serve.url() + "/health").status, 200) << "probes need no key";
 }
 
 TEST(HttpFront, AnOpenBindNeedsAKeyOrInsecure) {
   auto r = run_command(shell_quote(troupe::test::troupe_bin()) + " serve --model " +
-                       shell_quote(troupe::test::tiny_model_dir()) + " --http 0.0.0.0:0");
+                       shell_quote(troupe::test::tiny_http_model_dir()) + " --http 0.0.0.0:0");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("--api-key"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--insecure"), std::string::npos) << r.output;
@@ -191,12 +207,14 @@ TEST(HttpFront, AnOpenBindNeedsAKeyOrInsecure) {
 TEST(HttpFront, EachChoiceHasItsOwnSeedDerivedFromTheRequests) {
   ServeProcess serve;
   auto texts = [&](int n) {
-    const HttpReply r = curl(serve.url() + "/v1/completions",
-                             R"({"prompt": "Once upon", "max_tokens": 12, "temperature": 1.0, "seed": 5, "n": )" +
-                                 std::to_string(n) + "}");
+    const HttpReply r =
+        curl(serve.url() + "/v1/completions",
+             R"({"prompt": "Once upon", "max_tokens": 12, "temperature": 1.0, "seed": 5, "n": )" +
+                 std::to_string(n) + "}");
     EXPECT_EQ(r.status, 200) << r.body;
     std::vector<std::string> out;
-    for (const auto& c : parse(r)["choices"]) out.push_back(c["text"]);
+    const json body = parse(r);  // not a temporary: the loop would iterate a destroyed object
+    for (const auto& c : body["choices"]) out.push_back(c["text"]);
     return out;
   };
   const auto one = texts(1), three = texts(3), again = texts(3);
@@ -208,7 +226,8 @@ TEST(HttpFront, EachChoiceHasItsOwnSeedDerivedFromTheRequests) {
 
 TEST(HttpFront, MetricsPassPromtoolAndCountWhatWasServed) {
   ServeProcess serve;
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}").status, 200);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(curl(serve.url() + "/v1/completions", std::string(kGreedy8) + "}").status, 200);
   const HttpReply m = curl(serve.url() + "/metrics");
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(metric(m.body, "troupe:request_success_total"), 3);
@@ -220,11 +239,10 @@ TEST(HttpFront, MetricsPassPromtoolAndCountWhatWasServed) {
   EXPECT_EQ(metric(m.body, "troupe:num_requests_running"), 0);
   EXPECT_NE(m.body.find("troupe:kv_cache_usage_perc{model_name=\"tiny\",worker=\"1\"}"), std::string::npos);
   const std::string promtool = tools() + "/bin/promtool";
-  if (!std::filesystem::exists(promtool)) GTEST_SKIP() << "no " << promtool << " (scripts/setup.sh installs it)";
+  if (!std::filesystem::exists(promtool))
+    GTEST_SKIP() << "no " << promtool << " (scripts/setup.sh installs it)";
   troupe::test::TempDir dir;
-  {
-    std::ofstream(dir.file("m.txt")) << m.body;
-  }
+  { std::ofstream(dir.file("m.txt")) << m.body; }
   auto r = run_command(shell_quote(promtool) + " check metrics < " + dir.file("m.txt"));
   EXPECT_TRUE(r.status == 0 || r.status == 3) << r.output;  // 3: lint findings only
   std::istringstream lines(r.output);
@@ -242,7 +260,8 @@ TEST(HttpFront, AClientThatLeavesMidStreamIsCancelled) {
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
-    req.body = R"({"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": true})";
+    req.body =
+        R"({"prompt": "Hello", "max_tokens": 500, "ignore_eos": true, "stream": true})";  // 1 + 500 <= 512
     req.set_header("Content-Type", "application/json");
     int events = 0;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -258,7 +277,8 @@ TEST(HttpFront, AClientThatLeavesMidStreamIsCancelled) {
   std::string text;
   for (int i = 0; i < 600; ++i) {
     text = curl(serve.url() + "/metrics").body;
-    if (metric(text, "troupe:num_requests_running") == 0 && metric(text, "troupe:kv_cache_usage_perc") == 0) break;
+    if (metric(text, "troupe:num_requests_running") == 0 && metric(text, "troupe:kv_cache_usage_perc") == 0)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(metric(text, "troupe:num_requests_running"), 0) << text;
@@ -266,9 +286,10 @@ TEST(HttpFront, AClientThatLeavesMidStreamIsCancelled) {
   EXPECT_EQ(metric(text, "troupe:request_success_total"), 0) << "it never finished";
   const double generated = metric(text, "troupe:generation_tokens_total");
   EXPECT_GE(generated, 3);
-  EXPECT_LT(generated, 1000) << "cancelled, not run to max_tokens";
+  EXPECT_LT(generated, 500) << "cancelled, not run to max_tokens";
   // The status the ZeroMQ front shows agrees.
-  auto st = run_command(shell_quote(troupe::test::troupe_bin()) + " status --json --to " + serve.zmq(), false);
+  auto st =
+      run_command(shell_quote(troupe::test::troupe_bin()) + " status --json --to " + serve.zmq(), false);
   ASSERT_EQ(st.status, 0) << st.output;
   const json s = json::parse(st.output);
   EXPECT_EQ(s["workers"][0]["running"], 0);
@@ -281,10 +302,10 @@ TEST(HttpFront, TheOfficialOpenAiNpmClientWorks) {
     GTEST_SKIP() << "no openai npm package in " << modules << " (scripts/setup.sh installs it)";
   }
   ServeProcess serve({"--api-key", "k"});
-  const std::string script = (std::filesystem::path(__FILE__).parent_path() / "openai_npm_client.cjs").string();
-  auto r = run_command("NODE_PATH=" + shell_quote(modules) + " node " + shell_quote(script) + " " + serve.url() +
-                           " tiny k",
-                       /*merge_stderr=*/false);
+  const std::string script = std::string(TROUPE_HTTP_TEST_DIR) + "/openai_npm_client.cjs";
+  auto r = run_command(
+      "NODE_PATH=" + shell_quote(modules) + " node " + shell_quote(script) + " " + serve.url() + " tiny k",
+      /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.output << serve.log();
   const json j = json::parse(r.output);
   EXPECT_EQ(j["finish"], "length");
@@ -300,6 +321,7 @@ TEST(HttpFront, TheOfficialOpenAiNpmClientWorks) {
 TEST(HttpFront, BenchMeasuresBothFrontsTheSameWay) {
   ServeProcess serve;
   troupe::test::TempDir dir;
+  std::vector<json> input_lens;
   for (const std::string& target : {"--base-url " + serve.url(), "--to " + serve.zmq()}) {
     const std::string out = dir.file("r.json");
     auto r = run_command(shell_quote(troupe::test::troupe_bin()) + " bench " + target +
@@ -316,12 +338,36 @@ TEST(HttpFront, BenchMeasuresBothFrontsTheSameWay) {
     EXPECT_EQ(j["total_output_tokens"], 30);
     EXPECT_EQ(j["max_concurrency"], 4);
     EXPECT_EQ(j["request_goodput"], j["request_throughput"]) << "every request meets a 100 s TTFT";
-    for (const char* k : {"request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                          "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "p90_e2el_ms"}) {
+    for (const char* k :
+         {"request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+          "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "p90_e2el_ms"}) {
       EXPECT_TRUE(j[k].is_number()) << k;
     }
+    input_lens.push_back(j["input_lens"]);
     ASSERT_EQ(j["ttfts"].size(), 6u);
     ASSERT_EQ(j["itls"].size(), 6u);
-    for (const auto& gaps : j["itls"]) EXPECT_LE(gaps.size(), 4u) << "at most one gap per token after the first";
+    for (const auto& gaps : j["itls"])
+      EXPECT_LE(gaps.size(), 4u) << "at most one gap per token after the first";
+  }
+  ASSERT_EQ(input_lens.size(), 2u);
+  EXPECT_EQ(input_lens[0], input_lens[1]) << "the same seed, the same requests, whichever front";
+}
+
+TEST(HttpFront, BenchPlotsPngAndSvgWithGnuplot) {
+  if (run_command("command -v gnuplot").status != 0)
+    GTEST_SKIP() << "no gnuplot (scripts/setup.sh installs gnuplot-nox)";
+  ServeProcess serve;
+  troupe::test::TempDir dir;
+  auto r = run_command(
+      shell_quote(troupe::test::troupe_bin()) + " bench --base-url " + serve.url() +
+      " --num-requests 4 --request-rate 20,inf --random-input-len 8 --random-output-len 4 --seed 1"
+      " --quiet --plot " +
+      shell_quote(dir.file("plots")));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const std::string f : {"sweep", "rate-20/latency_cdf", "rate-20/throughput", "rate-inf/latency_cdf"}) {
+    for (const char* ext : {".png", ".svg"}) {
+      const std::string path = dir.file("plots/" + f + ext);
+      EXPECT_TRUE(std::filesystem::exists(path) && std::filesystem::file_size(path) > 0) << path;
+    }
   }
 }

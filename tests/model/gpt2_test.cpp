@@ -1,9 +1,11 @@
 // Gpt2's three forward paths against each other and against an independent
-// per-position reference in double precision.
+// per-position reference in double precision, in every kernel variant the
+// CPU runs (the others are skipped with the reason).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -11,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "isa_params.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
 
@@ -73,8 +76,8 @@ torch::Tensor reference_logits(const Gpt2Config& cfg, const Gpt2Weights& w, cons
   torch::Tensor x = torch::empty({T, E}, torch::kDouble);
   for (int64_t t = 0; t < T; ++t) x[t] = d(w.wte[ids[static_cast<size_t>(t)]]) + d(w.wpe[t]);
   for (const LayerWeights& l : w.layers) {
-    const torch::Tensor qkv = layer_norm(x, l.ln_1_weight, l.ln_1_bias).matmul(d(l.attn_c_attn_weight)) +
-                              d(l.attn_c_attn_bias);
+    const torch::Tensor qkv =
+        layer_norm(x, l.ln_1_weight, l.ln_1_bias).matmul(d(l.attn_c_attn_weight)) + d(l.attn_c_attn_bias);
     torch::Tensor merged = torch::zeros({T, E}, torch::kDouble);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < H; ++h) {
@@ -87,21 +90,25 @@ torch::Tensor reference_logits(const Gpt2Config& cfg, const Gpt2Weights& w, cons
       }
     }
     x = x + merged.matmul(d(l.attn_c_proj_weight)) + d(l.attn_c_proj_bias);
-    const torch::Tensor f = gelu(layer_norm(x, l.ln_2_weight, l.ln_2_bias).matmul(d(l.mlp_c_fc_weight)) +
-                                 d(l.mlp_c_fc_bias));
+    const torch::Tensor f =
+        gelu(layer_norm(x, l.ln_2_weight, l.ln_2_bias).matmul(d(l.mlp_c_fc_weight)) + d(l.mlp_c_fc_bias));
     x = x + f.matmul(d(l.mlp_c_proj_weight)) + d(l.mlp_c_proj_bias);
   }
   return layer_norm(x, w.ln_f_weight, w.ln_f_bias).matmul(d(w.wte).t());
 }
 
-class Gpt2Test : public ::testing::Test {
+class Gpt2Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
+  void SetUp() override { TROUPE_SKIP_UNLESS_CPU_RUNS(GetParam()); }
+  // Set before the model packs its weights, kept for the kernels it calls.
+  std::unique_ptr<ScopedKernelIsa> scope =
+      cpu_supports(GetParam()) ? std::make_unique<ScopedKernelIsa>(GetParam()) : nullptr;
   Gpt2Config cfg = Gpt2Config::preset("tiny");
   Gpt2Weights weights = test_weights(cfg, 7);
   Gpt2 model{cfg, weights, torch::kCPU};
 };
 
-TEST_F(Gpt2Test, FullMatchesIndependentReference) {
+TEST_P(Gpt2Test, FullMatchesIndependentReference) {
   const auto ids = random_ids(23, 1, cfg.vocab_size);
   const torch::Tensor got = model.forward_full(ids);
   const torch::Tensor want = reference_logits(cfg, weights, ids);
@@ -110,7 +117,7 @@ TEST_F(Gpt2Test, FullMatchesIndependentReference) {
   EXPECT_LT(max_diff(got, want), 1e-4);
 }
 
-TEST_F(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
+TEST_P(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
   // The reference and weights are sensitive enough: GELU(erf) instead of
   // GELU(tanh), or the score scale off by a little, moves logits well past 1e-4.
   const auto ids = random_ids(16, 2, cfg.vocab_size);
@@ -127,7 +134,7 @@ TEST_F(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
   EXPECT_GT((at::gelu(x, "tanh") - at::gelu(x)).abs().max().item<double>(), 1e-4);
 }
 
-TEST_F(Gpt2Test, ContiguousMatchesFullStepByStepAndGreedy) {
+TEST_P(Gpt2Test, ContiguousMatchesFullStepByStepAndGreedy) {
   std::vector<int32_t> seq = random_ids(9, 3, cfg.vocab_size);
   ContiguousKv kv = model.make_contiguous_cache(40);
   // Prefill in two chunks (the second sees a cache), then greedy decode.
@@ -148,7 +155,24 @@ TEST_F(Gpt2Test, ContiguousMatchesFullStepByStepAndGreedy) {
   EXPECT_EQ(kv.length, 29);
 }
 
-TEST_F(Gpt2Test, FullAndContiguousRejectBadInput) {
+TEST_P(Gpt2Test, ContiguousLastRowIsTheLastRowOfAll) {
+  const std::vector<int32_t> seq = random_ids(12, 4, cfg.vocab_size);
+  ContiguousKv all_kv = model.make_contiguous_cache(20), last_kv = model.make_contiguous_cache(20);
+  const torch::Tensor all = model.forward_contiguous(seq, all_kv);
+  const torch::Tensor last = model.forward_contiguous(seq, last_kv, LogitRows::kLast);
+  ASSERT_EQ(last.sizes(), (std::vector<int64_t>{1, cfg.vocab_size}));
+  EXPECT_LT(max_diff(last[0], all[-1]), 1e-5);
+  EXPECT_EQ(last_kv.length, 12);
+  // The caches agree, so the next step does too.
+  const torch::Tensor next_all = model.forward_contiguous({7}, all_kv, LogitRows::kLast);
+  const torch::Tensor next_last = model.forward_contiguous({7}, last_kv, LogitRows::kLast);
+  EXPECT_LT(max_diff(next_all, next_last), 1e-5);
+  std::vector<int32_t> longer = seq;
+  longer.push_back(7);
+  EXPECT_LT(max_diff(next_last[0], model.forward_full(longer)[-1]), 1e-4);
+}
+
+TEST_P(Gpt2Test, FullAndContiguousRejectBadInput) {
   EXPECT_THROW(model.forward_full({}), std::invalid_argument);
   EXPECT_THROW(model.forward_full(std::vector<int32_t>(cfg.n_positions + 1, 1)), std::invalid_argument);
   EXPECT_THROW(model.forward_full({1, cfg.vocab_size}), std::invalid_argument);
@@ -223,7 +247,8 @@ void run_scheduled(const Gpt2& model, int64_t block_size, PagedAttention attenti
       for (int64_t p = s.done; p < s.done + n; ++p) {
         tok.push_back(s.tokens[static_cast<size_t>(p)]);
         pos.push_back(p);
-        slot.push_back(static_cast<int64_t>(s.blocks[static_cast<size_t>(p / block_size)]) * block_size + p % block_size);
+        slot.push_back(static_cast<int64_t>(s.blocks[static_cast<size_t>(p / block_size)]) * block_size +
+                       p % block_size);
       }
       s.done += n;
       qs.push_back(static_cast<int64_t>(tok.size()));
@@ -231,7 +256,8 @@ void run_scheduled(const Gpt2& model, int64_t block_size, PagedAttention attenti
       members.push_back(i);
     }
     if (members.empty()) {
-      if (std::all_of(seqs.begin(), seqs.end(), [](const SimSeq& s) { return s.done == (int64_t)s.tokens.size(); }))
+      if (std::all_of(seqs.begin(), seqs.end(),
+                      [](const SimSeq& s) { return s.done == (int64_t)s.tokens.size(); }))
         break;
       continue;
     }
@@ -270,10 +296,11 @@ void run_scheduled(const Gpt2& model, int64_t block_size, PagedAttention attenti
   EXPECT_GT(sampled_rows, 100);
 }
 
-TEST_F(Gpt2Test, StepMatchesFullAcrossChunkedPrefillAndDecodes) {
+TEST_P(Gpt2Test, StepMatchesFullAcrossChunkedPrefillAndDecodes) {
   for (int64_t bs : {16, 8}) {
     for (auto attention : {PagedAttention::kKernel, PagedAttention::kGather, PagedAttention::kAuto}) {
-      SCOPED_TRACE("block_size " + std::to_string(bs) + " attention " + std::to_string(static_cast<int>(attention)));
+      SCOPED_TRACE("block_size " + std::to_string(bs) + " attention " +
+                   std::to_string(static_cast<int>(attention)));
       run_scheduled(model, bs, attention, static_cast<uint32_t>(bs) * 3 + static_cast<uint32_t>(attention));
     }
   }
@@ -285,8 +312,8 @@ FlatBatch valid_batch(int64_t bs) {
   b.token_ids = torch::tensor(std::vector<int64_t>{11, 12, 13, 14}, torch::kLong);
   b.positions = torch::tensor(std::vector<int64_t>{4, 5, 6, 9}, torch::kLong);
   b.block_tables = torch::tensor(std::vector<int32_t>{3, 0, 5, 1}, torch::kInt).view({2, 2});
-  b.slot_mapping = torch::tensor(std::vector<int64_t>{3 * bs + 4, 3 * bs + 5, 3 * bs + 6, 5 * bs + 9 % bs},
-                                 torch::kLong);
+  b.slot_mapping =
+      torch::tensor(std::vector<int64_t>{3 * bs + 4, 3 * bs + 5, 3 * bs + 6, 5 * bs + 9 % bs}, torch::kLong);
   if (bs < 10) b.slot_mapping[3] = 1 * bs + 9 % bs;
   b.query_start = {0, 3, 4};
   b.context_lens = {7, 10};
@@ -294,7 +321,7 @@ FlatBatch valid_batch(int64_t bs) {
   return b;
 }
 
-TEST_F(Gpt2Test, StepRejectsBadBatchesWithoutTouchingTheCache) {
+TEST_P(Gpt2Test, StepRejectsBadBatchesWithoutTouchingTheCache) {
   PagedKvCache cache(cfg, 8, 16);
   const torch::Tensor k0 = cache.k(0).clone(), v1 = cache.v(1).clone();
   auto expect_bad = [&](const FlatBatch& b, const char* what) {
@@ -360,7 +387,7 @@ TEST_F(Gpt2Test, StepRejectsBadBatchesWithoutTouchingTheCache) {
   EXPECT_FALSE(torch::equal(cache.k(0), k0));
 }
 
-TEST_F(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
+TEST_P(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
   PagedKvCache a(cfg, 8, 8), b(cfg, 8, 8);
   FlatBatch batch = valid_batch(8);
   const torch::Tensor with = model.forward_step(batch, a);
@@ -373,6 +400,8 @@ TEST_F(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
     EXPECT_TRUE(torch::equal(a.v(l), b.v(l)));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, Gpt2Test, ::testing::ValuesIn(all_isas()), test::isa_name);
 
 }  // namespace
 }  // namespace troupe::model

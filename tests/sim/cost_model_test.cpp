@@ -192,6 +192,48 @@ TEST(CostProfile, RoundTripKeepsPredictions) {
   EXPECT_EQ(sa.str(), sb.str());
 }
 
+TEST(CostProfile, RefitChoosesTheStatisticAndFitsAgain) {
+  // Points made from a known model, each with one slow run (interference):
+  // the minimum recovers the model, the median nearly so.
+  const CostModel truth = known();
+  CostProfile p = profile();
+  p.fit_points.clear();
+  p.heldout_points.clear();
+  Random rng(8);
+  for (int i = 0; i < 120; ++i) {
+    MeasuredStep m;
+    const auto d = rng.uniform_int(0, 30);
+    for (int64_t k = 0; k < d; ++k)
+      m.sample.shape.add(static_cast<int32_t>(rng.uniform_int(0, 900)), 1, true);
+    if (d == 0 || rng.uniform() < 0.6)
+      m.sample.shape.add(0, static_cast<int32_t>(rng.uniform_int(2, 256)), true);
+    const double t = static_cast<double>(truth.predict_ns(m.sample.shape));
+    m.reps_ns = {t * 1.01, t, t * 3, t * 1.02};
+    (i % 4 == 0 ? p.heldout_points : p.fit_points).push_back(m);
+  }
+  refit(p, RepStat::kMin);
+  EXPECT_EQ(p.stat, RepStat::kMin);
+  EXPECT_EQ(p.fit_points[0].sample.ns, p.fit_points[0].reps_ns[1]);
+  EXPECT_LT(p.heldout_error.max_pct, 0.01);
+  EXPECT_EQ(p.heldout_error.points, 30u);
+  // Even runs {1.01t, 3t} against odd runs {t, 1.02t}: minima 1.01t and t, 1% apart.
+  EXPECT_EQ(p.repeatability.points, 120u);
+  EXPECT_NEAR(p.repeatability.median_pct, 1.0, 1e-6);
+  int64_t largest = 0;
+  for (const auto& m : p.fit_points) largest = std::max(largest, m.sample.shape.tokens);
+  for (const auto& m : p.heldout_points) largest = std::max(largest, m.sample.shape.tokens);
+  EXPECT_EQ(p.cost.knots.back(), largest);  // the largest step measured
+  refit(p, RepStat::kMedian);               // every time 1.015x: so is the model
+  EXPECT_NEAR(p.fit_points[0].sample.ns, p.fit_points[0].reps_ns[1] * 1.015,
+              1e-6 * p.fit_points[0].sample.ns);
+  const StepShape s = p.heldout_points[3].sample.shape;
+  EXPECT_NEAR(p.cost.predict_ns(s), 1.015 * truth.predict_ns(s), 1e-3 * truth.predict_ns(s));
+  EXPECT_EQ(to_string(parse_rep_stat("median")), std::string("median"));
+  EXPECT_THROW(parse_rep_stat("mean"), std::invalid_argument);
+  p.fit_points.clear();
+  EXPECT_THROW(refit(p, RepStat::kMin), std::invalid_argument);
+}
+
 TEST(CostProfile, BadFilesSayWhatIsWrong) {
   auto expect = [](const std::string& text, const std::string& what) {
     test::TempFile f(text, ".json");

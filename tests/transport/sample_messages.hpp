@@ -79,7 +79,7 @@ inline std::vector<Message> sample_messages() {
   all.push_back(Cancel{42});
   all.push_back(Status{});
   StatusReply sr;
-  sr.workers.push_back({1, "node-a", "cpu", "ready", 10, 100, 3, 1, 250.5});
+  sr.workers.push_back({1, "node-a", "cpu", "ready", 10, 100, 3, 1, 250.5, 5000, 40, 12.5, 0.25});
   sr.workers.push_back({2, "node-b", "cuda:1", "draining", 0, 4096, 0, 0, 0.5});
   sr.queue_depth = 4;
   sr.max_queue = 64;

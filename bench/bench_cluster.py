@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""What the distributed path costs, measured side by side in one run (issue 7's benchmarks).
+
+Workload: 64 jobs of ~60 random token ids (56-64, seeded), 128 new tokens each, greedy, ignore_eos.
+Alternating within each repetition:
+  batch     `troupe batch` (the engine in one process, no actors, no sockets)
+  serve1    `troupe serve --workers 1` + `troupe submit --input` (router, batcher, worker actor, ZeroMQ)
+  serve2x1  `troupe serve --workers 2 --threads-per-worker 1` + submit
+  serve1x2  `troupe serve --workers 1 --threads-per-worker 2` + submit
+Reports output tokens/s of each and the ratios serve1/batch (target >= 0.95) and serve2x1/serve1x2
+(target >= 0.9); the worker idle fraction idle / (busy + idle) from `troupe status --json` after each serve run
+(target < 2%); and time to first token at low load: one short job at a time, through submit (client-measured
+first token) vs `troupe generate --mode paged --json` (the engine alone), target <= 2 ms added.
+
+usage: bench/bench_cluster.py [--model models/gpt2] [--reps 3] [--jobs 64] [--max-tokens 128] [--out DIR]
+Run from the project root after scripts/setup.sh. The numbers are this machine's: name its CPU beside them.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="models/gpt2")
+ap.add_argument("--troupe", default="build/troupe")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--jobs", type=int, default=64)
+ap.add_argument("--max-tokens", type=int, default=128)
+ap.add_argument("--ttft-reps", type=int, default=10)
+ap.add_argument("--out", default=None)
+a = ap.parse_args()
+
+T = a.troupe
+work = Path(a.out or tempfile.mkdtemp(prefix="bench-cluster-"))
+work.mkdir(parents=True, exist_ok=True)
+ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+
+
+def log(*x):
+    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+
+
+rng = random.Random(7)
+jobs = work / "jobs.jsonl"
+with open(jobs, "w") as f:
+    for i in range(a.jobs):
+        ids = [rng.randrange(256, 50000) for _ in range(rng.randint(56, 64))]
+        f.write(json.dumps({"id": f"r{i}", "prompt_ids": ids, "max_tokens": a.max_tokens, "temperature": 0,
+                            "ignore_eos": True}) + "\n")
+
+
+def out_tokens(path):
+    return sum(len(json.loads(l)["ids"]) for l in open(path) if l.strip())
+
+
+def run_batch(tag):
+    out = work / f"batch-{tag}.jsonl"
+    t0 = time.monotonic()
+    subprocess.run([T, "batch", "--model", a.model, "--input", str(jobs), "--output", str(out), "--quiet",
+                    "--kv-memory", "1GiB"], check=True, env=ENV, capture_output=True)
+    return out_tokens(out) / (time.monotonic() - t0), out
+
+
+class Head:
+    def __init__(self, extra, tag):
+        self.ready = work / f"ready-{tag}"
+        self.ready.unlink(missing_ok=True)
+        self.log = open(work / f"head-{tag}.log", "w")
+        self.p = subprocess.Popen([T, "serve", "--model", a.model, "--listen", "tcp://127.0.0.1:*",
+                                   "--worker-listen", "tcp://127.0.0.1:*", "--kv-memory", "1GiB",
+                                   "--ready-file", str(self.ready), "--quiet"] + extra,
+                                  env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(1200):
+            if self.ready.exists():
+                break
+            if self.p.poll() is not None:
+                raise SystemExit(f"head exited: see {self.log.name}")
+            time.sleep(0.1)
+        self.to = re.search(r"listen=(\S+)", self.ready.read_text()).group(1)
+        want = len([x for x in extra if x]) and int(extra[extra.index("--workers") + 1])
+        for _ in range(600):
+            if len(self.status().get("workers", [])) >= want:
+                break
+            time.sleep(0.1)
+
+    def status(self):
+        r = subprocess.run([T, "status", "--to", self.to, "--json"], env=ENV, capture_output=True, text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
+
+
+def run_serve(extra, tag):
+    h = Head(extra, tag)
+    try:
+        before = h.status()["workers"]
+        out = work / f"serve-{tag}.jsonl"
+        t0 = time.monotonic()
+        subprocess.run([T, "submit", "--to", h.to, "--input", str(jobs), "--output", str(out), "--quiet"],
+                       check=True, env=ENV, capture_output=True)
+        tps = out_tokens(out) / (time.monotonic() - t0)
+        after = h.status()["workers"]
+        busy = sum(w["busy_s"] for w in after) - sum(w["busy_s"] for w in before)
+        idle = sum(w["idle_s"] for w in after) - sum(w["idle_s"] for w in before)
+        return tps, idle / (busy + idle) if busy + idle > 0 else 0.0, out
+    finally:
+        h.stop()
+
+
+def ttft_alone():
+    vals = []
+    for i in range(a.ttft_reps):
+        r = subprocess.run([T, "generate", "--model", a.model, "--prompt", f"Time to first token, try {i}",
+                            "--max-tokens", "1", "--mode", "paged", "--json"], env=ENV, capture_output=True,
+                           text=True, check=True)
+        vals.append(json.loads(r.stdout)["timing"]["prefill_ms"])
+    return statistics.median(vals)
+
+
+def ttft_served():
+    h = Head(["--workers", "1"], "ttft")
+    try:
+        vals = []
+        for i in range(a.ttft_reps):
+            r = subprocess.run([T, "submit", "--to", h.to, "--prompt", f"Time to first token, try {i}",
+                                "--max-tokens", "1", "--json", "--quiet"], env=ENV, capture_output=True, text=True,
+                               check=True)
+            vals.append(json.loads(r.stdout)["timings"]["client_ttft_ms"])
+        return statistics.median(vals)
+    finally:
+        h.stop()
+
+
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+log(f"CPU: {cpu}; {os.cpu_count()} CPUs; workload {a.jobs} x (56-64 + {a.max_tokens}) greedy; {a.reps} reps")
+res = {"batch": [], "serve1": [], "serve2x1": [], "serve1x2": [], "idle1": [], "idle2x1": []}
+ref = None
+for rep in range(a.reps):
+    tps, out = run_batch(rep)
+    res["batch"].append(tps)
+    ref = ref or [json.loads(l)["ids"] for l in open(out)]
+    log(f"rep {rep}: batch {tps:.1f} tok/s")
+    for name, extra, idle_key in (("serve1", ["--workers", "1"], "idle1"),
+                                  ("serve2x1", ["--workers", "2", "--threads-per-worker", "1"], "idle2x1"),
+                                  ("serve1x2", ["--workers", "1", "--threads-per-worker", "2"], None)):
+        tps, idle, out = run_serve(extra, f"{name}-{rep}")
+        same = [json.loads(l)["ids"] for l in open(out)] == ref
+        res[name].append(tps)
+        if idle_key:
+            res[idle_key].append(idle)
+        log(f"rep {rep}: {name} {tps:.1f} tok/s, worker idle {100 * idle:.2f}%, same tokens as batch: {same}")
+
+med = {k: statistics.median(v) for k, v in res.items() if v}
+rng_ = {k: (min(v), max(v)) for k, v in res.items() if v}
+t_alone, t_served = ttft_alone(), ttft_served()
+print(f"CPU: {cpu} ({os.cpu_count()} CPUs)")
+print(f"{'run':<10} {'output tok/s median':>20} {'range':>20}")
+for k in ("batch", "serve1", "serve2x1", "serve1x2"):
+    print(f"{k:<10} {med[k]:20.1f} {rng_[k][0]:9.1f}-{rng_[k][1]:<9.1f}")
+print(f"serve1 / batch       = {med['serve1'] / med['batch']:.3f}   (target >= 0.95)")
+print(f"serve2x1 / serve1x2  = {med['serve2x1'] / med['serve1x2']:.3f}   (target >= 0.9)")
+print(f"worker idle fraction = {100 * med['idle1']:.2f}% (1 worker), {100 * med['idle2x1']:.2f}% (2 workers)"
+      f"   (target < 2%)")
+print(f"TTFT at low load: engine alone {t_alone:.1f} ms, through serve + submit {t_served:.1f} ms, "
+      f"added {t_served - t_alone:+.1f} ms   (target <= 2 ms)")
+json.dump({"cpu": cpu, "runs": res, "ttft_alone_ms": t_alone, "ttft_served_ms": t_served},
+          open(work / "bench_cluster.json", "w"), indent=1)

@@ -1,0 +1,133 @@
+#include "machine_limits.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "machine_limits_kernels.hpp"
+#include "model/threading.hpp"
+
+namespace troupe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const LimitLoops& loops(model::CpuIsa isa) {
+  switch (isa) {
+    case model::CpuIsa::kAvx512:
+      return avx512::kLimitLoops;
+    case model::CpuIsa::kAvx2:
+      return avx2::kLimitLoops;
+    case model::CpuIsa::kPortable:
+      return portable::kLimitLoops;
+  }
+  return portable::kLimitLoops;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Runs fn(t) on threads t = 0..n-1 at once; returns the wall time in seconds.
+template <typename Fn>
+double on_threads(int n, const Fn& fn) {
+  std::vector<std::thread> pool;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < n; ++t) pool.emplace_back([&fn, t] { fn(t); });
+  for (auto& th : pool) th.join();
+  return seconds_since(t0);
+}
+
+double status_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string key = std::string(field) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(key.size())) / 1024.0;  // kB
+  return -1;
+}
+
+}  // namespace
+
+double fma_peak_gflops(model::CpuIsa isa, int threads) {
+  if (!model::cpu_supports(isa))
+    throw std::invalid_argument("fma_peak_gflops: " + model::why_unsupported(isa));
+  const int n = threads > 0 ? threads : at::get_num_threads();
+  const LimitLoops& l = loops(isa);
+  // Calibrate to ~0.2 s per run on one thread.
+  int64_t iters = int64_t{1} << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    l.fma(iters);
+    const double s = seconds_since(t0);
+    if (s > 0.02) {
+      iters = static_cast<int64_t>(static_cast<double>(iters) * 0.2 / s);
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> flops(static_cast<size_t>(n));
+    const double s = on_threads(n, [&](int t) { flops[static_cast<size_t>(t)] = l.fma(iters); });
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / s * 1e-9);
+  }
+  return best;
+}
+
+double read_bandwidth_gbs(size_t bytes, int threads, int passes) {
+  const int n = threads > 0 ? threads : at::get_num_threads();
+  const size_t count = bytes / sizeof(float);
+  // In 2 MiB pages advised for transparent huge pages, like Linear's packed
+  // weights: with 4 KiB pages the TLB misses and the prefetchers' stops at
+  // each page would make the floor easier to beat than the weights' stream.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t rounded = (count * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+  std::unique_ptr<float, void (*)(void*)> mem(static_cast<float*>(std::aligned_alloc(kHuge, rounded)), std::free);
+  if (!mem) throw std::bad_alloc();
+  madvise(mem.get(), rounded, MADV_HUGEPAGE);
+  float* buf = mem.get();
+  std::fill_n(buf, count, 1.0f);  // written once: every page resident
+  const LimitLoops& l = loops(model::best_isa());
+  std::vector<float> sink(static_cast<size_t>(n));
+  double best = 0;
+  for (int p = 0; p < passes; ++p) {
+    const double s = on_threads(n, [&](int t) {
+      const size_t begin = count * static_cast<size_t>(t) / static_cast<size_t>(n);
+      const size_t end = count * static_cast<size_t>(t + 1) / static_cast<size_t>(n);
+      sink[static_cast<size_t>(t)] = l.read(buf + begin, end - begin);
+    });
+    best = std::max(best, static_cast<double>(count * sizeof(float)) / s * 1e-9);
+  }
+  if (sink[0] < 0) std::printf(" ");  // keeps the sums alive
+  return best;
+}
+
+double peak_rss_mib() { return status_mib("VmHWM"); }
+
+double rss_mib() { return status_mib("VmRSS"); }
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+std::string machine_line() { return model::kernel_summary() + " | " + model::thread_summary(); }
+
+}  // namespace troupe::bench

@@ -1,0 +1,38 @@
+#pragma once
+// Physical limits of the machine a benchmark runs on, measured in the same
+// run as the figures compared with them (bench/bench_limits.cpp, ...):
+//  * the fp32 multiply-add peak: a loop of independent register FMAs
+//    (multiply + add on the portable variant) on every thread, with the
+//    instructions of one kernel variant;
+//  * the streaming read bandwidth: every thread summing its share of a
+//    buffer far larger than the caches.
+// And what a report needs beside them: resident memory, the CPU and the
+// kernels chosen.
+#include <cstddef>
+#include <string>
+
+#include "model/cpu_features.hpp"
+
+namespace troupe::bench {
+
+// GFLOP/s of `threads` threads (0 = at::get_num_threads()) each running
+// independent multiply-adds in registers with `isa`'s widest vectors, best of
+// a few ~0.2 s runs. Throws std::invalid_argument if the CPU cannot run isa.
+double fma_peak_gflops(model::CpuIsa isa, int threads = 0);
+
+// GB/s (1e9 bytes) of `threads` threads (0 = at::get_num_threads()) reading
+// a `bytes` buffer (default 1 GiB) once through, each its own contiguous
+// share, with the best variant's loads; best of `passes`.
+double read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int threads = 0, int passes = 5);
+
+// Peak and current resident set of this process, MiB (VmHWM, VmRSS of
+// /proc/self/status; -1 when unreadable).
+double peak_rss_mib();
+double rss_mib();
+// Resets VmHWM to the current RSS (Linux clear_refs 5); false if refused.
+bool reset_peak_rss();
+
+// "cpu: ... | kernels: ... | supported: ... | torch=2 blas=2 omp_wait_policy=PASSIVE"
+std::string machine_line();
+
+}  // namespace troupe::bench

@@ -1,0 +1,169 @@
+#include "model/cpu_features.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <stdexcept>
+
+namespace troupe::model {
+namespace {
+
+// libgcc's __builtin_cpu_supports checks CPUID and, for AVX and AVX-512, that
+// the OS saves the ymm/zmm state (XGETBV), so a "yes" means the instructions
+// run. The level names check every feature of the level (GCC >= 12).
+bool detect(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return __builtin_cpu_supports("x86-64-v2");
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("x86-64-v3");
+    case CpuIsa::kAvx512:
+      return __builtin_cpu_supports("x86-64-v4");
+  }
+  return false;
+}
+
+const char* level_features(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return "x86-64-v2: SSE4.2, POPCNT";
+    case CpuIsa::kAvx2:
+      return "x86-64-v3: AVX2, FMA, BMI1/2, F16C, MOVBE";
+    case CpuIsa::kAvx512:
+      return "x86-64-v4: AVX-512 F/BW/CD/DQ/VL";
+  }
+  return "?";
+}
+
+// What each variant runs, for kernel_summary().
+const char* kernels_of(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return "linear BLAS, attention and sampler for x86-64-v2";
+    case CpuIsa::kAvx2:
+      return "linear packed 6x16 ymm, attention and sampler for AVX2";
+    case CpuIsa::kAvx512:
+      return "linear packed 6x64 zmm, attention and sampler for AVX-512";
+  }
+  return "?";
+}
+
+constexpr int kUnset = -1;
+std::atomic<int> g_isa{kUnset};
+std::mutex g_init;
+
+}  // namespace
+
+CpuIsa choose_kernel_isa(const char* env) {
+  if (!env || !*env) return best_isa();
+  CpuIsa want;
+  try {
+    want = parse_isa(env);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("TROUPE_CPU: ") + e.what());
+  }
+  if (!cpu_supports(want))
+    throw std::runtime_error(
+        "TROUPE_CPU=" + std::string(env) + ": " + why_unsupported(want) +
+        "; unset TROUPE_CPU or choose a lower variant (best here: " + to_string(best_isa()) + ")");
+  return want;
+}
+
+const std::vector<CpuIsa>& all_isas() {
+  static const std::vector<CpuIsa> all = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
+  return all;
+}
+
+const char* to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return "portable";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+CpuIsa parse_isa(const std::string& name) {
+  for (CpuIsa isa : all_isas())
+    if (name == to_string(isa)) return isa;
+  throw std::invalid_argument("unknown kernel variant '" + name + "'; choose portable, avx2 or avx512");
+}
+
+bool cpu_supports(CpuIsa isa) {
+  static const bool supported[3] = {detect(CpuIsa::kPortable), detect(CpuIsa::kAvx2),
+                                    detect(CpuIsa::kAvx512)};
+  return supported[static_cast<int>(isa)];
+}
+
+std::string why_unsupported(CpuIsa isa) {
+  if (cpu_supports(isa)) return "";
+  return "this CPU (" + cpu_model_name() + ") cannot run the " + to_string(isa) + " kernels (" +
+         level_features(isa) + ")";
+}
+
+CpuIsa best_isa() {
+  if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+  if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+  return CpuIsa::kPortable;
+}
+
+const std::string& cpu_model_name() {
+  static const std::string name = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("model name", 0) != 0) continue;
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) break;
+      const size_t start = line.find_first_not_of(" \t", colon + 1);
+      return start == std::string::npos ? std::string("unknown CPU") : line.substr(start);
+    }
+    return std::string("unknown CPU");
+  }();
+  return name;
+}
+
+CpuIsa kernel_isa() {
+  int v = g_isa.load(std::memory_order_acquire);
+  if (v != kUnset) return static_cast<CpuIsa>(v);
+  std::lock_guard<std::mutex> lock(g_init);
+  v = g_isa.load(std::memory_order_acquire);
+  if (v == kUnset) {
+    v = static_cast<int>(
+        choose_kernel_isa(std::getenv("TROUPE_CPU")));  // throws: stays unset, the next call reports again
+    g_isa.store(v, std::memory_order_release);
+  }
+  return static_cast<CpuIsa>(v);
+}
+
+void set_kernel_isa(CpuIsa isa) {
+  if (!cpu_supports(isa)) throw std::invalid_argument("set_kernel_isa: " + why_unsupported(isa));
+  std::lock_guard<std::mutex> lock(g_init);
+  g_isa.store(static_cast<int>(isa), std::memory_order_release);
+}
+
+ScopedKernelIsa::ScopedKernelIsa(CpuIsa isa) : saved_(kernel_isa()) { set_kernel_isa(isa); }
+
+ScopedKernelIsa::~ScopedKernelIsa() { set_kernel_isa(saved_); }
+
+std::string kernel_summary() {
+  std::string s = "cpu: " + cpu_model_name() + " | kernels: ";
+  try {
+    const CpuIsa isa = kernel_isa();
+    s += std::string(to_string(isa)) + " (" + kernels_of(isa) + ")";
+    if (isa != best_isa())
+      s += " [forced by TROUPE_CPU or set_kernel_isa; best here: " + std::string(to_string(best_isa())) + "]";
+  } catch (const std::exception& e) {
+    s += std::string("none (") + e.what() + ")";
+  }
+  s += " | supported:";
+  for (CpuIsa isa : all_isas())
+    if (cpu_supports(isa)) s += std::string(" ") + to_string(isa);
+  return s;
+}
+
+}  // namespace troupe::model

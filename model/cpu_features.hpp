@@ -1,0 +1,80 @@
+#pragma once
+// Which kernel variant this process runs, chosen once at start-up from what
+// the CPU supports (runtime dispatch as ATen's DispatchStub and llama.cpp's
+// CPU variants do it).
+//
+// Every hot kernel (Linear's packed GEMM, paged attention, the sampler's
+// loops) exists once per CpuIsa, each variant in its own translation unit
+// compiled with that ISA's target flags (CMakeLists.txt: sources named
+// *_avx512.cpp, *_avx2.cpp, *_portable.cpp). Everything else is compiled for
+// the portable baseline, so one binary runs on any x86-64-v2 CPU and uses
+// AVX2 or AVX-512 only where the CPU has them.
+//
+// The choice: the best variant the CPU and OS support, unless the environment
+// variable TROUPE_CPU (portable | avx2 | avx512) asks for a lower one (to run
+// and measure the AVX2 code on an AVX-512 host). Asking for a variant the CPU
+// cannot run is an error (std::runtime_error from kernel_isa()), never a
+// silent downgrade. Tests and benchmarks switch variants with
+// set_kernel_isa / ScopedKernelIsa.
+#include <string>
+#include <vector>
+
+namespace troupe::model {
+
+// Instruction-set levels of the kernel variants, lowest first.
+enum class CpuIsa : int {
+  kPortable =
+      0,      // x86-64-v2 (SSE4.2): any x86-64 CPU of the last ~15 years; BLAS where a kernel has no variant
+  kAvx2 = 1,  // x86-64-v3: AVX2 + FMA (+ BMI1/2, F16C, MOVBE), 16 ymm registers
+  kAvx512 = 2,  // x86-64-v4: AVX-512 F/BW/CD/DQ/VL, 32 zmm registers
+};
+
+// Every variant, lowest first.
+const std::vector<CpuIsa>& all_isas();
+
+const char* to_string(CpuIsa isa);  // "portable" | "avx2" | "avx512"
+// Inverse of to_string; anything else throws std::invalid_argument naming the choices.
+CpuIsa parse_isa(const std::string& name);
+
+// Whether this CPU and its OS (saved vector state) can run the variant.
+bool cpu_supports(CpuIsa isa);
+// Empty when supported, else why not ("AMD EPYC 7B13 lacks AVX-512 ...").
+std::string why_unsupported(CpuIsa isa);
+// The highest supported variant.
+CpuIsa best_isa();
+
+// "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
+const std::string& cpu_model_name();
+
+// The variant a process starts with when TROUPE_CPU holds `env_value` (null
+// or empty: unset): best_isa(), or the named variant. Throws
+// std::runtime_error naming TROUPE_CPU for an unknown name or a variant this
+// CPU cannot run.
+CpuIsa choose_kernel_isa(const char* env_value);
+
+// The variant the kernels run now: choose_kernel_isa(getenv("TROUPE_CPU"))
+// on first use, then whatever set_kernel_isa chose. Throws std::runtime_error when TROUPE_CPU names an
+// unknown variant or one this CPU cannot run.
+CpuIsa kernel_isa();
+// Makes `isa` the variant kernels run from now on (thread-safe). Throws
+// std::invalid_argument, and changes nothing, when the CPU cannot run it.
+// A Linear keeps the variant it was packed for (see linear.hpp).
+void set_kernel_isa(CpuIsa isa);
+
+// Sets a variant for a scope and restores the previous one (tests, benches).
+class ScopedKernelIsa {
+ public:
+  explicit ScopedKernelIsa(CpuIsa isa);
+  ~ScopedKernelIsa();
+  ScopedKernelIsa(const ScopedKernelIsa&) = delete;
+  ScopedKernelIsa& operator=(const ScopedKernelIsa&) = delete;
+
+ private:
+  CpuIsa saved_;
+};
+
+// One line for --version, logs and bench headers, e.g.
+// "cpu: AMD EPYC 9B45 | kernels: avx512 (linear 6x64, attention, sampler) | supported: portable avx2 avx512".
+std::string kernel_summary();
+
+}  // namespace troupe::model

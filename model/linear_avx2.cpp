@@ -1,0 +1,181 @@
+// Linear's packed GEMM for AVX2 + FMA (compiled with -march=x86-64-v3; run
+// only when the CPU has it, see cpu_features.hpp).
+//
+// 16 ymm registers: a 6 x 16 tile (BLIS's Haswell sgemm shape) holds 12
+// accumulators, 2 weight vectors and 1 broadcast. Panels are 16 columns, so a
+// panel row is one 64-byte cache line. Loop nest (Goto & van de Geijn,
+// "Anatomy of high-performance matrix multiplication", 2008):
+//
+//   for each block of kMc rows of x        (x's [kMc, kKc] chunk stays in L2)
+//     for each chunk of kKc rows of K
+//       for each panel p in [p0, p1)        (the panel's [kKc, 16] chunk, 16 KiB, stays in L1)
+//         for each tile of 6 rows           (12 FMAs per 2 weight loads and 6 broadcasts)
+//
+// while the first tile prefetches the next panel's chunk, so weights stream
+// from memory under the FMAs. Up to 6 rows (one tile, no reuse) each panel
+// is one stream from top to bottom instead. With one or two rows a tile would be a chain
+// of 2 or 4 dependent FMAs per k (latency-bound): those tiles split k over
+// 4 or 2 accumulator sets (8 independent chains), summed at the end.
+//
+// Nothing here may be an inline function or template shared with other
+// translation units (the linker would keep one copy, maybe this one, for
+// every caller): everything lives in namespace avx2.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "model/linear_kernel.hpp"
+
+namespace troupe::model::avx2 {
+namespace {
+
+constexpr int64_t kNr = 16;  // columns per packed panel: 2 ymm vectors
+constexpr int kMr = 6;
+// A chunk of a panel, 256 x 64 B = 16 KiB, and a tile's 6 x 256 floats of x
+// (6 KiB) fit a 32 KiB L1 together.
+constexpr int64_t kKc = 256;
+// x rows per block: [96, 256] fp32 = 96 KiB of x stays in L2 (512 KiB and
+// up) while every panel of the thread passes; each chunk of the weights is
+// read once per block.
+constexpr int64_t kMc = 96;
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// C rows [0, MR) x 16 columns of one panel (only the first ncols exist) =
+// (load_c ? C : 0) + A [MR, kc] (row stride lda) @ chunk [kc, 16] (+ bias).
+// KS: accumulator sets, k split KS ways. Each k step prefetches `lines`
+// lines from pf (into L2) unless pf is null.
+template <int MR, int KS>
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
+          int64_t ldc, bool load_c, const char* pf, int lines) {
+  const bool full = ncols == kNr;
+  const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
+  const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i m1 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
+  __m256 acc[KS][MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    if (load_c) {
+      acc[0][i][0] = full ? _mm256_loadu_ps(c + i * ldc) : _mm256_maskload_ps(c + i * ldc, m0);
+      acc[0][i][1] = full ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_maskload_ps(c + i * ldc + 8, m1);
+    } else {
+      acc[0][i][0] = acc[0][i][1] = _mm256_setzero_ps();
+    }
+#pragma GCC unroll 4
+    for (int s = 1; s < KS; ++s) acc[s][i][0] = acc[s][i][1] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + KS <= kc; k += KS) {
+    if (pf) {
+      const char* p = pf + (k / KS) * lines * 64;
+      for (int l = 0; l < lines; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T1);
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < KS; ++s) {
+      const float* bk = b + (k + s) * kNr;
+      const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m256 ai = _mm256_broadcast_ss(a + i * lda + k + s);
+        acc[s][i][0] = _mm256_fmadd_ps(ai, b0, acc[s][i][0]);
+        acc[s][i][1] = _mm256_fmadd_ps(ai, b1, acc[s][i][1]);
+      }
+    }
+  }
+  for (; k < kc; ++k) {
+    const float* bk = b + k * kNr;
+    const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i * lda + k);
+      acc[0][i][0] = _mm256_fmadd_ps(ai, b0, acc[0][i][0]);
+      acc[0][i][1] = _mm256_fmadd_ps(ai, b1, acc[0][i][1]);
+    }
+  }
+  const __m256 bias0 =
+      bias ? (full ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, m0)) : _mm256_setzero_ps();
+  const __m256 bias1 =
+      bias ? (full ? _mm256_loadu_ps(bias + 8) : _mm256_maskload_ps(bias + 8, m1)) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    __m256 r0 = acc[0][i][0], r1 = acc[0][i][1];
+#pragma GCC unroll 4
+    for (int s = 1; s < KS; ++s) {
+      r0 = _mm256_add_ps(r0, acc[s][i][0]);
+      r1 = _mm256_add_ps(r1, acc[s][i][1]);
+    }
+    if (bias) {
+      r0 = _mm256_add_ps(r0, bias0);
+      r1 = _mm256_add_ps(r1, bias1);
+    }
+    if (full) {
+      _mm256_storeu_ps(c + i * ldc, r0);
+      _mm256_storeu_ps(c + i * ldc + 8, r1);
+    } else {
+      _mm256_maskstore_ps(c + i * ldc, m0, r0);
+      _mm256_maskstore_ps(c + i * ldc + 8, m1, r1);
+    }
+  }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
+                        bool, const char*, int);
+constexpr TileFn kTiles[kMr + 1] = {nullptr,    tile<1, 4>, tile<2, 2>, tile<3, 1>,
+                                    tile<4, 1>, tile<5, 1>, tile<6, 1>};
+constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
+
+void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
+         int64_t ldc, bool accumulate, int64_t p0, int64_t p1) {
+  if (M <= kMr) {
+    // One tile: no weight is reused, so no chunking either; each panel is
+    // one contiguous stream, which the hardware prefetcher serves alone.
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t col = p * kNr;
+      kTiles[M](x, K, w + p * K * kNr, K, bias ? bias + col : nullptr, min64(kNr, N - col), c + col, ldc,
+                accumulate, nullptr, 0);
+    }
+    return;
+  }
+  const bool prefetch = true;
+  for (int64_t m0 = 0; m0 < M; m0 += kMc) {
+    const int64_t mc = min64(kMc, M - m0);
+    const int64_t tiles = (mc + kMr - 1) / kMr;
+    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+      const int64_t kc = min64(kKc, K - k0);
+      const bool last = k0 + kc == K;
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* chunk = w + (p * K + k0) * kNr;
+        // The chunk after this one: the next panel's, else the first panel's next chunk.
+        const float* next = nullptr;
+        int64_t next_rows = 0;
+        if (p + 1 < p1) {
+          next = chunk + K * kNr;
+          next_rows = kc;
+        } else if (!last) {
+          next = w + (p0 * K + k0 + kc) * kNr;
+          next_rows = min64(kKc, K - k0 - kc);
+        }
+        const int64_t col = p * kNr, ncols = min64(kNr, N - col);
+        for (int64_t i = 0, t = 0; i < mc; i += kMr, ++t) {
+          const int64_t rows = min64(kMr, mc - i);
+          const int64_t steps = kc / kSplit[rows];
+          // Tiles share out the next chunk's lines (one per panel row), at
+          // `lines` per k step; past the chunk's end is harmless.
+          const int lines =
+              static_cast<int>(steps > 0 ? min64(4, (next_rows + steps * tiles - 1) / (steps * tiles)) : 0);
+          const char* pf = nullptr;
+          if (prefetch && next && lines > 0 && t * steps * lines < next_rows)
+            pf = reinterpret_cast<const char*>(next) + t * steps * lines * 64;
+          kTiles[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
+                       c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const PackedGemmKernel kPackedGemm = {kNr, run};
+
+}  // namespace troupe::model::avx2

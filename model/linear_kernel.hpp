@@ -1,0 +1,37 @@
+#pragma once
+// The packed GEMM kernels behind Linear, one per instruction set, each in its
+// own translation unit compiled for that ISA (linear_avx512.cpp,
+// linear_avx2.cpp). Internal to model/: only linear.cpp calls them, after
+// checking the CPU runs the variant.
+//
+// Packed layout (every variant, with its own panel width nr): W [K, N] as
+// ceil(N / nr) panels, panel p = W[:, p * nr, (p + 1) * nr) as [K, nr]
+// row-major and contiguous, the last one zero-padded past column N.
+#include <cstdint>
+
+#include "model/cpu_features.hpp"
+
+namespace troupe::model {
+
+struct PackedGemmKernel {
+  int64_t nr;  // columns per panel
+  // C = (accumulate ? C : 0) + x @ W[:, panels p0..p1) + bias, for the
+  // columns of panels [p0, p1) only (other columns of C are not touched).
+  // x [M, K] contiguous fp32; w: the packed weight; bias [N] or nullptr;
+  // C [M, N] with row stride ldc. Panels are independent, so callers may
+  // split [0, P) among threads: any split gives the same bits.
+  void (*run)(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
+              int64_t ldc, bool accumulate, int64_t p0, int64_t p1);
+};
+
+// The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).
+const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa);
+
+namespace avx512 {
+extern const PackedGemmKernel kPackedGemm;
+}
+namespace avx2 {
+extern const PackedGemmKernel kPackedGemm;
+}
+
+}  // namespace troupe::model

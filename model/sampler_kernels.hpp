@@ -1,0 +1,74 @@
+#pragma once
+// The sampler's per-token loops, one variant per instruction set
+// (sampler_kernels_{avx512,avx2,portable}.cpp all compile
+// sampler_kernels.inc with their own flags, and with -ffp-contract=off).
+// Internal to model/: sampler.cpp holds the logic and calls these.
+//
+// Bits: every variant computes the same IEEE operations in the same order
+// (no FMA contraction, no reassociation; reductions keep 16 independent lanes
+// combined in a fixed order whatever the vector width), so all variants
+// return the same bits for the same input.
+#include <cstdint>
+
+#include "model/cpu_features.hpp"
+
+namespace troupe::model {
+
+// Upper bound on the Gumbel noise (the largest value the 2^-31 grid can give
+// is -log(2^-32) = 22.18): an id whose scaled logit plus this is below the
+// best score found so far cannot win, so its noise is never computed.
+constexpr float kGumbelNoiseMax = 22.25f;
+
+struct LogitScan {
+  float max = 0;         // largest logit
+  float min_finite = 0;  // smallest logit > -inf (+inf when there is none)
+  int32_t argmax = 0;    // lowest id holding max
+  bool bad = false;      // some logit is NaN or +inf (then the rest is meaningless)
+};
+
+struct GumbelWinner {
+  int64_t index = -1;     // winning position j in [0, n); -1 when no candidate
+  float score = 0;        // its perturbed score
+  int64_t evaluated = 0;  // noise values computed (work count: pruned ids cost none)
+};
+
+struct SamplerKernels {
+  LogitScan (*scan)(const float* logits, int64_t n);
+  // out[i] = exp((x[i] - shift) * scale) for (x[i] - shift) * scale in
+  // [-87, 0], 0 below (Cephes expf polynomial, ~1 ulp).
+  void (*exp_shifted)(const float* x, int64_t n, float shift, float scale, float* out);
+  // Sum of x[0, n) in double.
+  double (*sum)(const float* x, int64_t n);
+  // key[i] = min(floor((max - logits[i]) * scale), buckets - 1) (NaN and
+  // inf land in the last bucket).
+  void (*bucket_keys)(const float* logits, int64_t n, float max, float scale, int32_t buckets, int32_t* key);
+  // The Gumbel-max trick over positions j in [0, n): the candidate at j has
+  // id ids[j] (j when ids is null) and score (x[j] - shift) * inv_t +
+  // noise(key, id); when `allow` is non-null only ids with allow[id] <
+  // allow_below are candidates. Returns the highest score, lowest id on a
+  // tie. `start` (a candidate position, or -1) is scored first: the bound
+  // that prunes the rest (kGumbelNoiseMax), so a peaked row costs few noise
+  // evaluations.
+  GumbelWinner (*gumbel_argmax)(const float* x, const int32_t* ids, int64_t n, float shift, float inv_t,
+                                uint64_t key, const int32_t* allow, int32_t allow_below, int64_t start);
+  // The Gumbel noise of token `id` in the row keyed `key` (the same value
+  // gumbel_argmax adds).
+  float (*noise)(uint64_t key, int32_t id);
+  // The 32 random bits behind noise(key, id).
+  uint32_t (*noise_bits)(uint64_t key, int32_t id);
+};
+
+// The variant's kernels (every CpuIsa has them).
+const SamplerKernels& sampler_kernels(CpuIsa isa);
+
+namespace avx512 {
+extern const SamplerKernels kSamplerKernels;
+}
+namespace avx2 {
+extern const SamplerKernels kSamplerKernels;
+}
+namespace portable {
+extern const SamplerKernels kSamplerKernels;
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,54 @@
+// `troupe --version` and the kernel variant choice as a user meets them:
+// the CPU and the variant are printed, TROUPE_CPU forces a lower variant,
+// and a variant the CPU cannot run (or a misspelt one) is a clear error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "model/cpu_features.hpp"
+#include "test_utils.hpp"
+
+namespace {
+
+using troupe::test::run_command;
+using troupe::test::shell_quote;
+
+std::string troupe(const std::string& env, const std::string& args) {
+  return env + " " + shell_quote(troupe::test::troupe_bin()) + " " + args;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Version, PrintsVersionCpuAndKernels) {
+  const auto r = run_command(troupe("env -u TROUPE_CPU", "--version"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "troupe 0.")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cpu: " + troupe::model::cpu_model_name())) << r.output;
+  const std::string best = troupe::model::to_string(troupe::model::best_isa());
+  EXPECT_TRUE(contains(r.output, "kernels: " + best)) << r.output;
+}
+
+TEST(Version, TroupeCpuForcesALowerVariant) {
+  const auto r = run_command(troupe("TROUPE_CPU=portable", "--version"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "kernels: portable")) << r.output;
+}
+
+TEST(Version, UnknownTroupeCpuIsAnErrorBeforeAnyWork) {
+  // The model folder does not exist either: the variant is checked first.
+  const auto r = run_command(troupe("TROUPE_CPU=avx9000", "tokenize --model /nonexistent hi"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "TROUPE_CPU")) << r.output;
+  EXPECT_TRUE(contains(r.output, "avx9000")) << r.output;
+}
+
+TEST(Version, TroupeCpuAboveTheCpuIsAnError) {
+  if (troupe::model::best_isa() == troupe::model::CpuIsa::kAvx512)
+    GTEST_SKIP() << "this CPU runs every variant: no TROUPE_CPU to refuse";
+  const auto r = run_command(troupe("TROUPE_CPU=avx512", "tokenize --model /nonexistent hi"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "TROUPE_CPU=avx512")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot run")) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,466 @@
+// The distributed system end to end, as real processes on loopback with
+// ephemeral ports: `troupe serve` (head), `troupe worker --join` (worker
+// nodes), `troupe submit` and `troupe status` (clients). Results are checked
+// against `troupe batch` on the same jobs: greedy and seeded sampled outputs
+// must be the same tokens whichever worker (or workers, after a kill) ran them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cluster/client.hpp"
+#include "process.hpp"
+#include "test_utils.hpp"
+#include "tiny_model.hpp"
+#include "transport/curve_keys.hpp"
+#include "transport/protocol.hpp"
+
+namespace troupe::test {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// Jobs of every kind: greedy and seeded sampled (explicit seeds, so the
+// output does not depend on who drew a seed), text and id prompts, lengths
+// forced with ignore_eos.
+void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> len(4, max_tokens);
+  std::ofstream out(path);
+  const char* words[] = {"The", "cluster", "serves", "tokens", "quickly", "and", "well", "today"};
+  for (int i = 0; i < n; ++i) {
+    json j{{"id", i}, {"max_tokens", len(rng)}, {"ignore_eos", true}};
+    if (i % 3 == 2) {
+      j["prompt_ids"] = {464 + i, 1893, 318 + i % 7};
+    } else {
+      std::string p;
+      for (int w = 0; w < 3 + i % 5; ++w) p += std::string(w ? " " : "") + words[(i + w * 3) % 8];
+      j["prompt"] = p;
+    }
+    if (i % 2 == 0) {
+      j["temperature"] = 0;
+    } else {
+      j["temperature"] = 0.9;
+      j["top_k"] = 40;
+      j["seed"] = 1000 + i;
+    }
+    out << j.dump() << "\n";
+  }
+}
+
+std::string bin() { return troupe_bin(); }
+
+// `troupe batch` on the jobs: the reference outputs, by id.
+std::map<int, json> reference(const TempDir& dir, const std::string& jobs) {
+  auto r = run_command(shell_quote(bin()) + " batch --quiet --model " + shell_quote(tiny_model_dir()) +
+                       " --input " + shell_quote(jobs) + " --output " +
+                       shell_quote(dir.file("reference.jsonl")) + " --num-blocks 512");
+  EXPECT_EQ(r.status, 0) << r.output;
+  std::map<int, json> ref;
+  for (const auto& j : read_jsonl(dir.file("reference.jsonl"))) ref[j["id"].get<int>()] = j;
+  return ref;
+}
+
+void expect_same_tokens(const std::map<int, json>& ref, const std::vector<json>& got, size_t n) {
+  ASSERT_EQ(got.size(), n);
+  for (const auto& g : got) {
+    const int id = g["id"].get<int>();
+    ASSERT_FALSE(g.contains("error")) << g.dump();
+    ASSERT_TRUE(ref.count(id)) << id;
+    EXPECT_EQ(g["ids"], ref.at(id)["ids"]) << "job " << id;
+    EXPECT_EQ(g["text"], ref.at(id)["text"]) << "job " << id;
+    EXPECT_EQ(g["finish_reason"], "length") << "job " << id;
+  }
+}
+
+// A head on ephemeral ports; `extra` are more serve flags.
+struct Head {
+  Head(const TempDir& dir, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        bin(),          "serve", "--model",      tiny_model_dir(),         "--listen", "tcp://127.0.0.1:*",
+        "--num-blocks", "256",   "--ready-file", dir.file(name + ".ready")};
+    if (std::find(extra.begin(), extra.end(), "--worker-listen") == extra.end()) {
+      args.insert(args.end(), {"--worker-listen", "tcp://127.0.0.1:*"});
+    }
+    args.insert(args.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Process>(args, dir.file(name + ".log"));
+    const std::string ready = dir.file(name + ".ready");
+    const bool up = eventually([&] { return std::ifstream(ready).good() || !proc->running(); }, seconds(120));
+    if (!up || !proc->running()) throw std::runtime_error("the head did not start:\n" + proc->log());
+    std::ifstream in(ready);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("listen=", 0) == 0) listen = line.substr(7);
+      if (line.rfind("worker_listen=", 0) == 0) worker_listen = line.substr(14);
+    }
+  }
+  std::optional<transport::StatusReply> status() const {
+    cluster::Client c(cluster::ClientOptions{listen, client_keys, transport::kDefaultMaxFrameBytes, true});
+    return c.status(seconds(10));
+  }
+  bool wait_workers(size_t n) const {
+    return eventually(
+        [&] {
+          auto s = status();
+          return s && s->workers.size() == n;
+        },
+        seconds(120));
+  }
+  std::unique_ptr<Process> proc;
+  std::string listen, worker_listen;
+  std::optional<transport::CurveClientKeys> client_keys;  // for status() when the head uses CurveZMQ
+};
+
+std::unique_ptr<Process> start_worker(const TempDir& dir, const Head& head, const std::string& name,
+                                      std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {
+      bin(), "worker", "--join", head.worker_listen, "--model", tiny_model_dir(), "--num-blocks",
+      "256", "--name", name};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return std::make_unique<Process>(args, dir.file(name + ".log"));
+}
+
+std::unique_ptr<Process> start_submit(const TempDir& dir, const Head& head, const std::string& jobs,
+                                      const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {bin(), "submit",   "--to", head.listen, "--input",
+                                   jobs,  "--output", out,    "--quiet"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return std::make_unique<Process>(args, out + ".log");
+}
+
+TEST(Cluster, HeadAndTwoWorkerProcessesGiveWhatBatchGives) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 50, 24, 1);
+  const auto ref = reference(dir, jobs);
+  Head head(dir, "head", {"--workers", "0"});
+  auto w1 = start_worker(dir, head, "node-a");
+  auto w2 = start_worker(dir, head, "node-b");
+  ASSERT_TRUE(head.wait_workers(2)) << head.proc->log();
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log();
+  expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 50);
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->requests_served, 50u);
+  ASSERT_EQ(st->workers.size(), 2u);
+  int ran_on_both = 0;
+  for (const auto& w : st->workers) ran_on_both += w.tokens_per_s > 0 ? 1 : 0;
+  EXPECT_EQ(ran_on_both, 2) << "both nodes served jobs";
+  // A clean stop: SIGTERM and exit status 0 for every process.
+  w1->signal(SIGTERM);
+  w2->signal(SIGTERM);
+  EXPECT_EQ(w1->wait(seconds(60)), std::optional<int>(0)) << w1->log();
+  EXPECT_EQ(w2->wait(seconds(60)), std::optional<int>(0)) << w2->log();
+  head.proc->signal(SIGTERM);
+  EXPECT_EQ(head.proc->wait(seconds(60)), std::optional<int>(0)) << head.proc->log();
+}
+
+TEST(Cluster, KillingAWorkerMidRunLosesAndRepeatsNothing) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 24, 100, 2);
+  const auto ref = reference(dir, jobs);
+  Head head(dir, "head", {"--workers", "0", "--heartbeat-ms", "200"});
+  auto doomed = start_worker(dir, head, "doomed");
+  auto survivor = start_worker(dir, head, "survivor");
+  ASSERT_TRUE(head.wait_workers(2)) << head.proc->log();
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+  // Kill -9 the first node once it is running sequences.
+  const bool busy = eventually(
+      [&] {
+        auto s = head.status();
+        if (!s) return false;
+        for (const auto& w : s->workers)
+          if (w.node == "doomed" && w.running > 0) return true;
+        return false;
+      },
+      seconds(120));
+  ASSERT_TRUE(busy) << head.proc->log();
+  doomed->signal(SIGKILL);
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log() << head.proc->log();
+  expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 24);
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->workers.size(), 1u) << "the killed node was declared lost";
+  EXPECT_EQ(st->workers[0].node, "survivor");
+}
+
+TEST(Cluster, HostileClientsLeaveTheServerServing) {
+  TempDir dir;
+  Head head(dir, "head", {"--workers", "1", "--max-frame-bytes", "65536"});
+  ASSERT_TRUE(head.wait_workers(1));
+  {
+    cluster::Client c(cluster::ClientOptions{head.listen, {}, 1 << 20, true});
+    std::mt19937 rng(3);
+    auto answer = [&] { return c.next(seconds(10)); };
+    // Garbage of every kind: each is answered with an error, nothing else.
+    std::vector<std::pair<std::string, std::string>> garbage;  // (bytes, expected error code)
+    std::string random(200, '\0');
+    for (auto& ch : random) ch = static_cast<char>(rng());
+    garbage.push_back({random, "malformed"});
+    transport::Submit s;
+    s.tag = 9;
+    s.prompt = "cut short";
+    const std::string whole = transport::encode(s);
+    garbage.push_back({whole.substr(0, whole.size() / 2), "malformed"});
+    garbage.push_back({std::string(100000, 'x'), "too_large"});
+    // Not a test of every byte: a map with "t": "nonsense" is built by hand.
+    garbage.push_back({std::string("\x83\xa1p\xa6troupe\xa1v\x01\xa1t\xa8nonsense", 24), "unknown_type"});
+    garbage.push_back({std::string("\x83\xa1p\xa6troupe\xa1v\x09\xa1t\xa6submit", 22), "bad_version"});
+    for (const auto& [bytes, code] : garbage) {
+      // Through the raw socket: the client's send() takes any body.
+      ASSERT_TRUE(c.send_raw(bytes));
+      auto m = answer();
+      ASSERT_TRUE(m) << "no answer to " << code;
+      auto* e = std::get_if<transport::Error>(&*m);
+      ASSERT_NE(e, nullptr) << code;
+      EXPECT_STREQ(transport::to_string(e->code), code.c_str()) << e->message;
+    }
+    // A submit with a bad field value is rejected by the router, naming it.
+    transport::Submit bad = s;
+    bad.temperature = -1;
+    ASSERT_TRUE(c.send(bad));
+    auto m = answer();
+    ASSERT_TRUE(m);
+    auto* rej = std::get_if<transport::Rejected>(&*m);
+    ASSERT_NE(rej, nullptr);
+    EXPECT_EQ(rej->code, transport::RejectCode::kInvalid);
+    EXPECT_NE(rej->message.find("temperature"), std::string::npos) << rej->message;
+  }
+  // A client that vanishes mid-stream: its sequence is cancelled, its KV freed.
+  {
+    cluster::Client gone(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true});
+    transport::Submit s;
+    s.tag = 1;
+    s.prompt = "A long answer follows";
+    s.max_tokens = 120;
+    s.ignore_eos = true;
+    ASSERT_TRUE(gone.send(s));
+    auto first = gone.next(seconds(30));
+    ASSERT_TRUE(first && std::holds_alternative<transport::Accepted>(*first));
+  }  // the client's socket closes here, mid-stream
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto st = head.status();
+        return st && st->requests_running == 0 && st->workers.size() == 1 && st->workers[0].kv_used == 0;
+      },
+      seconds(120)))
+      << "the vanished client's sequence must be cancelled and its KV freed";
+  // The server still serves.
+  auto r = run_command(shell_quote(bin()) + " submit --to " + shell_quote(head.listen) +
+                       " --prompt Hello --max-tokens 5 --temperature 0 --json --quiet");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"completion_tokens\":5"), std::string::npos) << r.output;
+  EXPECT_TRUE(head.proc->running());
+}
+
+TEST(Cluster, PastMaxQueueJobsAreBusyAtOnceAndAcceptedOnesFinish) {
+  TempDir dir;
+  Head head(dir, "head", {"--workers", "1", "--max-queue", "4", "--max-num-seqs", "2"});
+  ASSERT_TRUE(head.wait_workers(1));
+  const long rss_before = head.proc->rss_kib();
+  cluster::Client c(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true});
+  const int n = 40;  // 10x --max-queue
+  for (int i = 1; i <= n; ++i) {
+    transport::Submit s;
+    s.tag = static_cast<uint64_t>(i);
+    s.prompt = "Overload number " + std::to_string(i);
+    s.max_tokens = 8;
+    s.ignore_eos = true;
+    ASSERT_TRUE(c.send(s));
+  }
+  int accepted = 0, busy = 0, finished = 0;
+  while (accepted + busy < n || finished < accepted) {
+    auto m = c.next(seconds(60));
+    ASSERT_TRUE(m) << "accepted " << accepted << " busy " << busy << " finished " << finished;
+    if (std::holds_alternative<transport::Accepted>(*m)) ++accepted;
+    if (auto* r = std::get_if<transport::Rejected>(&*m)) {
+      EXPECT_EQ(r->code, transport::RejectCode::kBusy) << r->message;
+      ++busy;
+    }
+    if (auto* f = std::get_if<transport::Finished>(&*m)) {
+      EXPECT_EQ(f->usage.completion_tokens, 8);
+      ++finished;
+    }
+  }
+  EXPECT_GE(busy, n / 2) << "the excess is refused";
+  EXPECT_GE(accepted, 4);
+  EXPECT_LT(head.proc->rss_kib() - rss_before, 200 * 1024) << "memory stays bounded";
+}
+
+TEST(Cluster, CurveKeysAdmitOnlyAllowedClientsAndWorkers) {
+  TempDir dir;
+  for (const char* name : {"server", "client", "node", "stranger"}) {
+    auto r = run_command(shell_quote(bin()) + " keygen --out " + shell_quote(dir.file(name)));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  {
+    std::ofstream allowed(dir.file("allowed.keys"));
+    std::ifstream c(dir.file("client.pub")), n(dir.file("node.pub"));
+    allowed << c.rdbuf() << "\n" << n.rdbuf() << "\n";
+  }
+  Head head(dir, "head",
+            {"--workers", "0", "--curve-secret-key", dir.file("server.key"), "--curve-allowed-keys",
+             dir.file("allowed.keys")});
+  auto intruder = start_worker(
+      dir, head, "intruder",
+      {"--curve-secret-key", dir.file("stranger.key"), "--curve-server-key", dir.file("server.pub")});
+  auto node = start_worker(
+      dir, head, "member",
+      {"--curve-secret-key", dir.file("node.key"), "--curve-server-key", dir.file("server.pub")});
+  auto submit = [&](const char* key) {
+    return run_command(shell_quote(bin()) + " submit --to " + shell_quote(head.listen) +
+                       " --prompt Hi --max-tokens 3 --json --quiet --timeout 8 --curve-server-key " +
+                       shell_quote(dir.file("server.pub")) + " --curve-secret-key " +
+                       shell_quote(dir.file(key)));
+  };
+  auto ok = submit("client.key");
+  ASSERT_EQ(ok.status, 0) << ok.output << head.proc->log();
+  EXPECT_NE(ok.output.find("\"completion_tokens\":3"), std::string::npos) << ok.output;
+  auto refused = submit("stranger.key");
+  EXPECT_NE(refused.status, 0) << refused.output;
+  const std::string log = head.proc->log();
+  EXPECT_NE(log.find("node 'member' joined"), std::string::npos) << log;
+  EXPECT_EQ(log.find("node 'intruder' joined"), std::string::npos) << log;
+}
+
+TEST(Cluster, SigtermFinishesInFlightJobsThenExitsZero) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 12, 60, 5);
+  const auto ref = reference(dir, jobs);
+  Head head(dir, "head", {"--workers", "1"});
+  ASSERT_TRUE(head.wait_workers(1));
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto s = head.status();
+        return s && s->requests_running >= 12;
+      },
+      seconds(120)));
+  head.proc->signal(SIGTERM);
+  EXPECT_EQ(head.proc->wait(seconds(120)), std::optional<int>(0)) << head.proc->log();
+  ASSERT_EQ(submit->wait(seconds(60)), std::optional<int>(0)) << submit->log();
+  expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 12);
+  // Too late now: a new job finds no head.
+  auto r = run_command(shell_quote(bin()) + " submit --to " + shell_quote(head.listen) +
+                       " --prompt Hi --max-tokens 2 --quiet --timeout 3");
+  EXPECT_NE(r.status, 0);
+}
+
+// A network namespace with its own veth pair: a host as far as the network
+// goes. Addresses from the benchmarking range 198.18.0.0/15; traffic stays on
+// the pair this test made. Removed (with the pair) when the object dies.
+struct NetNs {
+  explicit NetNs(int net) {
+    const std::string id = std::to_string(getpid() % 100000);
+    name = "troupe-" + id;
+    host_if = "tvh" + id;
+    ns_if = "tvn" + id;
+    host_ip = "198.18." + std::to_string(net) + ".1";
+    ns_ip = "198.18." + std::to_string(net) + ".2";
+    const std::string steps[] = {
+        "ip netns add " + name,
+        "ip link add " + host_if + " type veth peer name " + ns_if,
+        "ip link set " + ns_if + " netns " + name,
+        "ip addr add " + host_ip + "/30 dev " + host_if,
+        "ip link set " + host_if + " up",
+        "ip netns exec " + name + " ip addr add " + ns_ip + "/30 dev " + ns_if,
+        "ip netns exec " + name + " ip link set " + ns_if + " up",
+        "ip netns exec " + name + " ip link set lo up",
+    };
+    for (const auto& step : steps) {
+      auto r = run_command(step);
+      if (r.status != 0) {
+        why_not = "`" + step + "` failed: " + r.output;
+        return;
+      }
+    }
+    ok = true;
+  }
+  ~NetNs() {
+    run_command("ip netns del " + name);
+    run_command("ip link del " + host_if);
+  }
+  bool ok = false;
+  std::string why_not, name, host_if, ns_if, host_ip, ns_ip;
+};
+
+TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
+  if (getuid() != 0) GTEST_SKIP() << "network namespaces need root; not run";
+  TempDir dir;
+  NetNs ns(77);
+  if (!ns.ok) GTEST_SKIP() << "cannot make a network namespace here: " << ns.why_not;
+  for (const char* name : {"server", "node", "client"}) {
+    ASSERT_EQ(run_command(shell_quote(bin()) + " keygen --out " + shell_quote(dir.file(name))).status, 0);
+  }
+  {
+    std::ofstream allowed(dir.file("allowed.keys"));
+    std::ifstream c(dir.file("client.pub")), n(dir.file("node.pub"));
+    allowed << c.rdbuf() << "\n" << n.rdbuf() << "\n";
+  }
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 10, 16, 9);
+  const auto ref = reference(dir, jobs);
+  // Without keys the head refuses to bind a non-loopback address.
+  auto plain =
+      run_command(shell_quote(bin()) + " serve --model " + shell_quote(tiny_model_dir()) +
+                  " --workers 0 --listen tcp://127.0.0.1:* --worker-listen tcp://" + ns.host_ip + ":*");
+  EXPECT_NE(plain.status, 0);
+  EXPECT_NE(plain.output.find("--insecure"), std::string::npos) << plain.output;
+
+  Head head(dir, "head",
+            {"--workers", "0", "--worker-listen", "tcp://" + ns.host_ip + ":*", "--curve-secret-key",
+             dir.file("server.key"), "--curve-allowed-keys", dir.file("allowed.keys")});
+  const transport::KeyPair client = transport::read_secret_key_file(dir.file("client.key"));
+  head.client_keys = transport::CurveClientKeys{client.public_key, client.secret_key,
+                                                transport::load_public_key(dir.file("server.pub"))};
+  std::vector<std::string> args = {"ip",
+                                   "netns",
+                                   "exec",
+                                   ns.name,
+                                   bin(),
+                                   "worker",
+                                   "--join",
+                                   head.worker_listen,
+                                   "--model",
+                                   tiny_model_dir(),
+                                   "--num-blocks",
+                                   "256",
+                                   "--name",
+                                   "far-away",
+                                   "--curve-secret-key",
+                                   dir.file("node.key"),
+                                   "--curve-server-key",
+                                   dir.file("server.pub")};
+  Process worker(args, dir.file("far.log"));
+  ASSERT_TRUE(head.wait_workers(1)) << worker.log() << head.proc->log();
+  auto submit = start_submit(
+      dir, head, jobs, dir.file("out.jsonl"),
+      {"--curve-server-key", dir.file("server.pub"), "--curve-secret-key", dir.file("client.key")});
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log();
+  expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 10);
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->workers.size(), 1u);
+  EXPECT_EQ(st->workers[0].node, "far-away");
+}
+
+}  // namespace
+}  // namespace troupe::test

@@ -1,0 +1,83 @@
+#include "model/cpu_features.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe::model {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(CpuFeatures, NamesRoundTripAndUnknownNamesListTheChoices) {
+  for (CpuIsa isa : all_isas()) EXPECT_EQ(parse_isa(to_string(isa)), isa);
+  try {
+    parse_isa("avx1024");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "avx1024")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "portable, avx2 or avx512")) << e.what();
+  }
+}
+
+TEST(CpuFeatures, BestIsTheHighestSupportedAndSupportIsDownwardClosed) {
+  ASSERT_TRUE(cpu_supports(CpuIsa::kPortable));  // the baseline build would not have started otherwise
+  EXPECT_TRUE(cpu_supports(best_isa()));
+  EXPECT_TRUE(why_unsupported(best_isa()).empty());
+  for (CpuIsa isa : all_isas()) {
+    if (static_cast<int>(isa) > static_cast<int>(best_isa())) {
+      EXPECT_FALSE(cpu_supports(isa)) << to_string(isa);
+      EXPECT_TRUE(contains(why_unsupported(isa), cpu_model_name())) << why_unsupported(isa);
+    } else {
+      EXPECT_TRUE(cpu_supports(isa)) << to_string(isa);
+    }
+  }
+  EXPECT_FALSE(cpu_model_name().empty());
+}
+
+TEST(CpuFeatures, TroupeCpuPicksALowerVariantAndRejectsWhatCannotRun) {
+  EXPECT_EQ(choose_kernel_isa(nullptr), best_isa());
+  EXPECT_EQ(choose_kernel_isa(""), best_isa());
+  EXPECT_EQ(choose_kernel_isa("portable"), CpuIsa::kPortable);
+  try {
+    choose_kernel_isa("sse2");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "TROUPE_CPU")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "sse2")) << e.what();
+  }
+}
+
+TEST(CpuFeatures, TroupeCpuAboveWhatTheCpuRunsIsAnError) {
+  if (best_isa() == CpuIsa::kAvx512) GTEST_SKIP() << "this CPU runs every variant: no request to reject";
+  try {
+    choose_kernel_isa("avx512");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "TROUPE_CPU=avx512")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "cannot run")) << e.what();
+  }
+}
+
+TEST(CpuFeatures, SetKernelIsaSwitchesAndScopesRestore) {
+  const CpuIsa before = kernel_isa();
+  {
+    ScopedKernelIsa scope(CpuIsa::kPortable);
+    EXPECT_EQ(kernel_isa(), CpuIsa::kPortable);
+    EXPECT_TRUE(contains(kernel_summary(), "kernels: portable")) << kernel_summary();
+  }
+  EXPECT_EQ(kernel_isa(), before);
+  EXPECT_TRUE(contains(kernel_summary(), cpu_model_name())) << kernel_summary();
+  EXPECT_TRUE(contains(kernel_summary(), std::string("kernels: ") + to_string(before))) << kernel_summary();
+}
+
+TEST(CpuFeatures, SetKernelIsaRefusesWhatTheCpuCannotRunAndChangesNothing) {
+  if (best_isa() == CpuIsa::kAvx512) GTEST_SKIP() << "this CPU runs every variant: nothing to refuse";
+  const CpuIsa before = kernel_isa();
+  EXPECT_THROW(set_kernel_isa(CpuIsa::kAvx512), std::invalid_argument);
+  EXPECT_EQ(kernel_isa(), before);
+}
+
+}  // namespace
+}  // namespace troupe::model

@@ -1,0 +1,99 @@
+// PagedKvCache: sizes, slot writes (CPU and torch-ops paths), and that the
+// pools cost resident memory only where blocks are written.
+#include "model/paged_kv_cache.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "model/config.hpp"
+
+namespace troupe::model {
+namespace {
+
+// Bytes of [p, p + bytes) resident in memory (mincore: exact, no timing).
+int64_t resident_bytes(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * static_cast<int64_t>(page);
+}
+
+TEST(PagedKvCache, SizesAndValidation) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");  // 2 layers, width 64
+  PagedKvCache cache(cfg, 10, 8);
+  EXPECT_EQ(cache.num_blocks(), 10);
+  EXPECT_EQ(cache.block_size(), 8);
+  EXPECT_EQ(cache.num_slots(), 80);
+  EXPECT_EQ(PagedKvCache::bytes_per_block(cfg, 8), 2 * 2 * 8 * 64 * 4);
+  EXPECT_EQ(cache.bytes(), 10 * 2 * 2 * 8 * 64 * 4);
+  EXPECT_EQ(cache.k(1).sizes(), (std::vector<int64_t>{10, 2, 8, 32}));
+  EXPECT_EQ(PagedKvCache::blocks_for_memory(cfg, 10 * 8192 + 8191, 8), 10);
+  EXPECT_EQ(PagedKvCache::blocks_for_memory(cfg, 100, 8), 0);
+  EXPECT_EQ(PagedKvCache::blocks_for_memory(Gpt2Config::preset("gpt2"), int64_t(1) << 30, 16), 910);
+  EXPECT_THROW(PagedKvCache(cfg, 0, 8), std::invalid_argument);
+  EXPECT_THROW(PagedKvCache(cfg, 4, 0), std::invalid_argument);
+  EXPECT_THROW(PagedKvCache::blocks_for_memory(cfg, -1, 8), std::invalid_argument);
+  EXPECT_THROW(PagedKvCache::blocks_for_memory(cfg, 1000, 0), std::invalid_argument);
+}
+
+TEST(PagedKvCache, WritePutsEachTokenInItsSlot) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  PagedKvCache cache(cfg, 6, 4);
+  const torch::Tensor qkv = torch::randn({3, 3 * 64});  // strided views, as the model passes them
+  const torch::Tensor k = qkv.slice(1, 64, 128).view({3, 2, 32});
+  const torch::Tensor v = qkv.slice(1, 128, 192).view({3, 2, 32});
+  const torch::Tensor slots = torch::tensor(std::vector<int64_t>{21, 0, 10}, torch::kLong);
+  cache.write(1, slots, k, v);
+  const int64_t want_slot[3] = {21, 0, 10};
+  for (int64_t t = 0; t < 3; ++t) {
+    const int64_t blk = want_slot[t] / 4, off = want_slot[t] % 4;
+    EXPECT_TRUE(torch::equal(cache.k(1).select(0, blk).select(1, off), k[t]));
+    EXPECT_TRUE(torch::equal(cache.v(1).select(0, blk).select(1, off), v[t]));
+  }
+  EXPECT_EQ(cache.k(0).abs().sum().item<float>(), 0.f);
+  EXPECT_EQ(cache.k(1).ne(0).sum().item<int64_t>(), 3 * 2 * 32);
+  EXPECT_THROW(cache.write(1, torch::tensor(std::vector<int64_t>{24, 0, 1}, torch::kLong), k, v),
+               std::invalid_argument);
+  EXPECT_THROW(cache.write(1, torch::tensor(std::vector<int64_t>{-1, 0, 1}, torch::kLong), k, v),
+               std::invalid_argument);
+  PagedKvCache portable(cfg, 6, 4);
+  portable.write_with_torch_ops(1, slots, k, v);
+  EXPECT_TRUE(torch::equal(portable.k(1), cache.k(1)));
+  EXPECT_TRUE(torch::equal(portable.v(1), cache.v(1)));
+  EXPECT_EQ(portable.k(0).abs().sum().item<float>(), 0.f);
+  EXPECT_THROW(cache.write(2, slots, k, v), std::invalid_argument);
+  EXPECT_THROW(cache.write(0, slots.slice(0, 0, 2), k, v), std::invalid_argument);
+}
+
+TEST(PagedKvCache, PoolsAreResidentOnlyWhereBlocksAreWritten) {
+  const Gpt2Config cfg = Gpt2Config::preset("gpt2");  // a block of 16 tokens: 48 KiB per pool
+  PagedKvCache cache(cfg, 2048, 16);                  // 96 MiB per pool, 2.25 GiB in all
+  const size_t pool_bytes = static_cast<size_t>(cache.k(0).numel()) * sizeof(float);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    ASSERT_EQ(resident_bytes(cache.k(l).data_ptr(), pool_bytes), 0) << "layer " << l;
+    ASSERT_EQ(resident_bytes(cache.v(l).data_ptr(), pool_bytes), 0) << "layer " << l;
+  }
+  // One token into block 1000 of layer 3: that block's pages (at most one
+  // transparent huge page where THP is "always"), nothing else.
+  const torch::Tensor kv = at::randn({1, cfg.n_head, cfg.head_dim()});
+  cache.write(3, torch::tensor(std::vector<int64_t>{1000 * 16 + 5}, torch::kLong), kv, kv);
+  const int64_t touched = resident_bytes(cache.k(3).data_ptr(), pool_bytes);
+  EXPECT_GT(touched, 0);
+  EXPECT_LE(touched, int64_t{4} << 20);
+  EXPECT_EQ(resident_bytes(cache.k(2).data_ptr(), pool_bytes), 0);
+  EXPECT_TRUE(at::equal(cache.k(3)[1000].select(1, 5), kv[0]));
+}
+
+}  // namespace
+}  // namespace troupe::model

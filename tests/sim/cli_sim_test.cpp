@@ -1,0 +1,250 @@
+// Black-box tests of `troupe profile` and `troupe simulate`: real processes,
+// real files. The profile of the tiny model is made once per test process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/sim/cost_profile.hpp"
+#include "cluster/sim/plots.hpp"
+#include "sim_test_utils.hpp"
+#include "test_utils.hpp"
+
+namespace {
+
+using nlohmann::json;
+using troupe::test::run_command;
+using troupe::test::shell_quote;
+using troupe::test::TempDir;
+namespace sim = troupe::cluster::sim;
+
+std::string tcmd(const std::string& args) { return shell_quote(troupe::test::troupe_bin()) + " " + args; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Fixture {
+  TempDir dir;
+  std::string model = dir.file("tiny"), cost = dir.file("cost.json"), profile_output;
+  Fixture() {
+    auto r = run_command(tcmd("init-model --preset tiny --seed 7 --out " + shell_quote(model) +
+                              " --tokenizer " + shell_quote(troupe::test::tokenizer_dir())));
+    if (r.status != 0) throw std::runtime_error("init-model failed: " + r.output);
+    r = run_command(
+        tcmd("profile --model " + shell_quote(model) + " --quick --quiet --out " + shell_quote(cost)));
+    if (r.status != 0) throw std::runtime_error("profile failed: " + r.output);
+    profile_output = r.output;
+  }
+};
+
+const Fixture& fx() {
+  static Fixture f;
+  return f;
+}
+
+std::string sim_args(const std::string& extra) {
+  return "simulate --quiet --cost " + shell_quote(fx().cost) + " " + extra;
+}
+
+TEST(CliProfile, QuickProfileOfTheTinyModelIsAValidCostFile) {
+  const sim::CostProfile p = sim::read_cost_profile(fx().cost);
+  EXPECT_EQ(p.model.n_layer, 2);
+  EXPECT_EQ(p.model.n_embd, 64);
+  EXPECT_EQ(p.model.n_positions, 128);
+  EXPECT_EQ(p.model.vocab_size, 50257);
+  EXPECT_EQ(p.device, "cpu");
+  EXPECT_FALSE(p.processor.empty());
+  EXPECT_GE(p.threads, 1);
+  EXPECT_EQ(p.block_size, 16);
+  EXPECT_EQ(p.kv_bytes_per_token, 2 * 2 * 64 * 4);  // K and V, 2 layers, 64 wide, fp32
+  EXPECT_EQ(p.libraries.count("torch"), 1u);
+  EXPECT_GE(p.fit_points.size(), 20u);
+  EXPECT_EQ(p.heldout_points.size(), 8u);
+  EXPECT_EQ(p.heldout_error.points, 8u);
+  for (const auto& m : p.fit_points) {
+    EXPECT_EQ(m.reps_ns.size(), 3u);
+    EXPECT_GT(m.sample.ns, 0);
+    EXPECT_GE(m.sample.shape.tokens, 1);
+    EXPECT_LE(m.sample.shape.tokens, 256);
+    EXPECT_GT(p.cost.predict_ns(m.sample.shape), 0);
+  }
+  EXPECT_NE(fx().profile_output.find("held-out error"), std::string::npos) << fx().profile_output;
+}
+
+TEST(CliProfile, RefitMeasuresNothingNew) {
+  TempDir d;
+  auto r = run_command(tcmd("profile --refit " + shell_quote(fx().cost) + " --stat median --out " +
+                            shell_quote(d.file("m.json"))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const sim::CostProfile a = sim::read_cost_profile(fx().cost), b = sim::read_cost_profile(d.file("m.json"));
+  EXPECT_EQ(a.stat, sim::RepStat::kMin);
+  EXPECT_EQ(b.stat, sim::RepStat::kMedian);
+  ASSERT_EQ(a.fit_points.size(), b.fit_points.size());
+  for (size_t i = 0; i < a.fit_points.size(); ++i)
+    EXPECT_EQ(a.fit_points[i].reps_ns, b.fit_points[i].reps_ns);
+  EXPECT_NE(r.output.find("median of 3 runs"), std::string::npos) << r.output;
+}
+
+TEST(CliProfile, Errors) {
+  TempDir d;
+  auto r = run_command(tcmd("profile --quick --out " + shell_quote(d.file("c.json"))));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--model"), std::string::npos) << r.output;
+  r = run_command(tcmd("profile --model /nonexistent --quick --out " + shell_quote(d.file("c.json"))));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_FALSE(std::filesystem::exists(d.file("c.json")));
+}
+
+TEST(CliSimulate, SameInputsGiveTheSameBytes) {
+  TempDir d;
+  const std::string args =
+      "--workers 2 --request-rate 20 --num-requests 60 --random-input-len 40 "
+      "--random-output-len 12 --range-ratio 0.5 --seed 3 --goodput ttft:50 tpot:20 "
+      "--net-latency-us 200 --net-bandwidth-gbps 1 --json ";
+  auto a = run_command(tcmd(sim_args(args + shell_quote(d.file("a.json")))));
+  ASSERT_EQ(a.status, 0) << a.output;
+  auto b = run_command(tcmd(sim_args(args + shell_quote(d.file("b.json")))));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const std::string ja = read_file(d.file("a.json")), jb = read_file(d.file("b.json"));
+  EXPECT_EQ(ja, jb);
+  auto c = run_command(tcmd(
+      sim_args("--workers 2 --request-rate 20 --num-requests 60 --random-input-len 40 --random-output-len 12 "
+               "--range-ratio 0.5 --seed 4 --goodput ttft:50 tpot:20 --net-latency-us 200 "
+               "--net-bandwidth-gbps 1 --json " +
+               shell_quote(d.file("c.json")))));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(read_file(d.file("c.json")), ja);  // the seed matters
+
+  const json j = json::parse(ja);
+  for (const char* k : {"completed",
+                        "total_input_tokens",
+                        "total_output_tokens",
+                        "request_throughput",
+                        "output_throughput",
+                        "total_token_throughput",
+                        "request_goodput",
+                        "mean_ttft_ms",
+                        "median_ttft_ms",
+                        "p90_ttft_ms",
+                        "p99_ttft_ms",
+                        "mean_tpot_ms",
+                        "p99_tpot_ms",
+                        "mean_itl_ms",
+                        "mean_e2el_ms",
+                        "duration",
+                        "ttfts",
+                        "workers",
+                        "series",
+                        "simulation",
+                        "mean_queue_ms"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["completed"], 60);
+  int64_t out = 0;
+  for (const auto& n : j["output_lens"]) {
+    EXPECT_GE(n.get<int>(), 6);  // 12 with range ratio 0.5
+    EXPECT_LE(n.get<int>(), 18);
+    out += n.get<int>();
+  }
+  EXPECT_EQ(j["total_output_tokens"], out);
+  EXPECT_EQ(j["workers"].size(), 2u);
+  EXPECT_EQ(j["simulation"]["workers"], 2);
+  EXPECT_NE(a.output.find("Simulation Result"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("Mean TTFT (ms):"), std::string::npos);
+}
+
+TEST(CliSimulate, CsvAndPlots) {
+  TempDir d;
+  std::string extra;
+  const bool plots = !sim::find_gnuplot().empty();
+  if (plots) extra = " --plot " + shell_quote(d.file("plots"));
+  auto r =
+      run_command(tcmd(sim_args("--workers 1 --request-rate 10 --num-requests 30 --random-input-len 20 "
+                                "--random-output-len 8 --sample-interval 0.2 --csv " +
+                                shell_quote(d.file("csv")) + extra)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* f : {"series.csv", "workers.csv", "requests.csv"}) {
+    const std::string text = read_file(d.file("csv/") + f);
+    EXPECT_FALSE(text.empty()) << f;
+  }
+  std::istringstream req(read_file(d.file("csv/requests.csv")));
+  std::string line;
+  int lines = 0;
+  while (std::getline(req, line)) ++lines;
+  EXPECT_EQ(lines, 31);  // header + one row per request
+  if (!plots) GTEST_SKIP() << "gnuplot is not installed: plots not checked";
+  for (const char* f : {"latency_cdf", "throughput_queue", "kv_use"}) {
+    for (const char* ext : {".png", ".svg"}) {
+      const std::string p = d.file("plots/") + f + ext;
+      ASSERT_TRUE(std::filesystem::exists(p)) << p;
+      EXPECT_GT(std::filesystem::file_size(p), 1000u) << p;
+    }
+  }
+}
+
+TEST(CliSimulate, SweepAndFindWorkers) {
+  TempDir d;
+  auto r =
+      run_command(tcmd(sim_args("--workers 1 --num-requests 40 --random-input-len 20 --random-output-len 8 "
+                                "--sweep rate=5:45:20 --goodput e2el:100000 --json " +
+                                shell_quote(d.file("sweep.json")))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json s = json::parse(read_file(d.file("sweep.json")));
+  ASSERT_EQ(s["sweep"].size(), 3u);
+  EXPECT_EQ(s["sweep"][2]["request_rate"], 45.0);
+  EXPECT_EQ(s["highest_rate_meeting_slo"], 45.0);  // a 100 s E2EL target is met everywhere
+  EXPECT_NE(r.output.find("highest rate meeting the SLOs"), std::string::npos) << r.output;
+
+  r = run_command(
+      tcmd(sim_args("--request-rate 200 --num-requests 200 --random-input-len 60 --random-output-len 16 "
+                    "--find-workers --max-workers 64 --goodput ttft:1 --json " +
+                    shell_quote(d.file("fw.json")))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json w = json::parse(read_file(d.file("fw.json")));
+  ASSERT_FALSE(w["find_workers"].empty());
+  // Whatever the answer, the search's rows agree with it: fewer workers fail, the answer meets.
+  if (!w["fewest_workers"].is_null()) {
+    const int fewest = w["fewest_workers"];
+    for (const auto& row : w["find_workers"])
+      EXPECT_EQ(row["meets_slo"].get<bool>(), row["workers"] >= fewest) << row;
+  }
+}
+
+TEST(CliSimulate, TraceReplay) {
+  TempDir d;
+  auto r = run_command(tcmd(
+      sim_args("--workers 2 --trace " + shell_quote(sim::test::fixture("mooncake.jsonl")) +
+               " --trace-format mooncake --trace-block-tokens 16 --json " + shell_quote(d.file("m.json")))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = json::parse(read_file(d.file("m.json")));
+  EXPECT_EQ(j["completed"], 4);
+  EXPECT_GT(j["clipped_requests"].get<int>(), 0);  // 600-1300 token prompts on a 128-position model
+  r = run_command(tcmd(
+      sim_args("--trace " + shell_quote(sim::test::fixture("azure_bad.csv")) + " --trace-format azure")));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("azure_bad.csv:5:"), std::string::npos) << r.output;
+}
+
+TEST(CliSimulate, Errors) {
+  auto expect = [](const std::string& args, int status, const std::string& what) {
+    auto r = run_command(tcmd(args));
+    EXPECT_EQ(r.status, status) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(what), std::string::npos) << args << "\n" << r.output;
+  };
+  expect("simulate --num-requests 5", 2, "--cost");
+  expect(sim_args("--goodput ttft"), 2, "ttft");
+  expect(sim_args("--sweep rate=5:1:1"), 2, "--sweep");
+  expect(sim_args("--placement random"), 2, "placement");
+  expect(sim_args("--block-size 32"), 2, "block size");
+  expect(sim_args("--trace-format azure"), 2, "--trace");
+  expect(sim_args("--input-len-dist gauss:3"), 2, "gauss:3");
+  expect("simulate --cost /nonexistent/cost.json", 1, "troupe profile");
+}
+
+}  // namespace
