@@ -135,9 +135,9 @@ int run_bench(BenchFlags f) {
       const int width = 30, fill = static_cast<int>(width * p.done / std::max<size_t>(1, p.total));
       std::string bar(fill, '#');
       bar.resize(width, '.');
-      std::fprintf(stderr, "%s[%s] %zu/%zu requests | %zu in flight | %lld tokens | %.1f s%s", tty ? "\r" : "",
-                   bar.c_str(), p.done, p.total, p.in_flight, static_cast<long long>(p.output_tokens), p.elapsed_s,
-                   tty ? "" : "\n");
+      std::fprintf(stderr, "%s[%s] %zu/%zu requests | %zu in flight | %lld tokens | %.1f s%s",
+                   tty ? "\r" : "", bar.c_str(), p.done, p.total, p.in_flight,
+                   static_cast<long long>(p.output_tokens), p.elapsed_s, tty ? "" : "\n");
     };
     if (!tty) {  // a log, not a terminal: one line per second at most
       auto inner = f.load.on_progress;
@@ -157,7 +157,8 @@ int run_bench(BenchFlags f) {
     std::vector<cluster::LoadRequest> requests;
     if (!f.dataset.empty()) {
       requests = read_dataset(f.dataset, f.num_requests);
-      const auto at = cluster::load_arrivals(static_cast<int32_t>(requests.size()), rate, f.burstiness, f.seed);
+      const auto at =
+          cluster::load_arrivals(static_cast<int32_t>(requests.size()), rate, f.burstiness, f.seed);
       for (size_t i = 0; i < requests.size(); ++i) requests[i].arrival_ns = at[i];
     } else {
       cluster::RandomLoadOptions ro;
@@ -184,7 +185,8 @@ int run_bench(BenchFlags f) {
                           .c_str());
     size_t shown = 0;
     for (const auto& r : result.requests) {
-      if (!r.success && shown++ < 5) std::fprintf(stderr, "request %llu failed: %s\n", (unsigned long long)r.id, r.error.c_str());
+      if (!r.success && shown++ < 5)
+        std::fprintf(stderr, "request %llu failed: %s\n", (unsigned long long)r.id, r.error.c_str());
     }
     if (!f.json_out.empty()) {
       ordered_json j;
@@ -195,7 +197,8 @@ int run_bench(BenchFlags f) {
       j["num_prompts"] = requests.size();
       j["request_rate"] = std::isinf(rate) ? ordered_json("inf") : ordered_json(rate);
       j["burstiness"] = f.burstiness;
-      j["max_concurrency"] = f.load.max_concurrency > 0 ? ordered_json(f.load.max_concurrency) : ordered_json(nullptr);
+      j["max_concurrency"] =
+          f.load.max_concurrency > 0 ? ordered_json(f.load.max_concurrency) : ordered_json(nullptr);
       j["seed"] = f.seed;
       j.update(core::to_result_json(m, result.requests));
       const std::string path = path_for_rate(f.json_out, rate_text, sweep);
@@ -237,7 +240,8 @@ void add_bench_command(CLI::App& app, Registry& registry) {
       ->check(CLI::NonNegativeNumber);
   auto* in = sub->add_option("--random-input-len", f->input_len, "Random dataset: prompt tokens")
                  ->check(CLI::PositiveNumber);
-  sub->add_option("--random-output-len", f->output_len, "Random dataset: output tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--random-output-len", f->output_len, "Random dataset: output tokens")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--range-ratio", f->range_ratio, "Random dataset: lengths uniform in [L(1-X), L(1+X)]")
       ->check(CLI::Range(0.0, 0.999999));
   sub->add_option("--vocab-size", f->vocab_size, "Random dataset: prompt ids drawn from [0, N)")
@@ -255,7 +259,8 @@ void add_bench_command(CLI::App& app, Registry& registry) {
   sub->add_flag("--quiet", f->quiet, "No progress bar");
   registry.push_back({sub, [f] {
                         if (f->load.to.empty() && f->load.base_url.empty()) {
-                          throw std::invalid_argument("give --to tcp://HOST:PORT or --base-url http://HOST:PORT");
+                          throw std::invalid_argument(
+                              "give --to tcp://HOST:PORT or --base-url http://HOST:PORT");
                         }
                         return run_bench(*f);
                       }});

@@ -61,7 +61,8 @@ int run_serve(ServeFlags f) {
     throw std::invalid_argument("--api-key protects the HTTP front: give --http HOST:PORT too");
   }
   h.http.insecure = h.insecure;
-  if (!h.http.listen.empty()) cluster::check_http_bind_security(h.http.listen, !h.http.api_key.empty(), h.insecure);
+  if (!h.http.listen.empty())
+    cluster::check_http_bind_security(h.http.listen, !h.http.api_key.empty(), h.insecure);
   return cluster::run_head(h);
 }
 

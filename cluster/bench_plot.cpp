@@ -23,7 +23,8 @@ std::string gp_string(const std::string& s) {
 }
 
 // Draws `body` (gnuplot commands after the terminal and output are set) as NAME.png and NAME.svg.
-void draw(const std::filesystem::path& dir, const std::string& name, const std::string& size, const std::string& body) {
+void draw(const std::filesystem::path& dir, const std::string& name, const std::string& size,
+          const std::string& body) {
   const std::filesystem::path gp = dir / (name + ".gp");
   {
     std::ofstream out(gp);
@@ -36,7 +37,8 @@ void draw(const std::filesystem::path& dir, const std::string& name, const std::
   }
   const std::string cmd = "cd " + quoted(dir.string()) + " && gnuplot " + quoted(name + ".gp") + " 2>&1";
   if (std::system(cmd.c_str()) != 0) {
-    throw std::runtime_error("gnuplot failed on " + gp.string() + " (is gnuplot installed? apt-get install gnuplot-nox)");
+    throw std::runtime_error("gnuplot failed on " + gp.string() +
+                             " (is gnuplot installed? apt-get install gnuplot-nox)");
   }
 }
 
@@ -48,7 +50,8 @@ std::vector<double> sorted_ms(std::vector<double> seconds) {
 
 }  // namespace
 
-void plot_run(const std::string& dir_name, const std::vector<core::RequestTiming>& requests, const std::string& title) {
+void plot_run(const std::string& dir_name, const std::vector<core::RequestTiming>& requests,
+              const std::string& title) {
   const std::filesystem::path dir(dir_name);
   std::filesystem::create_directories(dir);
   std::vector<double> ttft, tpot, itl, e2el;
@@ -96,18 +99,21 @@ void plot_run(const std::string& dir_name, const std::vector<core::RequestTiming
   }
   {
     std::ofstream out(dir / "throughput.dat");
-    out << "# second since the first request, pieces (output tokens) received in it, requests in flight at its start\n";
+    out << "# second since the first request, pieces (output tokens) received in it, requests in flight at "
+           "its start\n";
     for (size_t b = 0; b < bins; ++b) out << b << ' ' << pieces[b] << ' ' << live[b] << '\n';
   }
   draw(dir, "throughput", "1200,500",
        "set title " + gp_string(title) +
-           "\nset grid\nset xlabel 'time (s)'\nset ylabel 'output tokens/s'\nset y2label 'requests in flight'\n"
+           "\nset grid\nset xlabel 'time (s)'\nset ylabel 'output tokens/s'\nset y2label 'requests in "
+           "flight'\n"
            "set ytics nomirror\nset y2tics\nset key top right\n"
            "plot 'throughput.dat' using 1:2 with steps lw 2 title 'output tokens/s', "
            "'' using 1:3 axes x1y2 with steps lw 1 dt 2 title 'in flight'");
 }
 
-void plot_sweep(const std::string& dir_name, const std::vector<SweepPoint>& points, const std::string& title) {
+void plot_sweep(const std::string& dir_name, const std::vector<SweepPoint>& points,
+                const std::string& title) {
   const std::filesystem::path dir(dir_name);
   std::filesystem::create_directories(dir);
   {
@@ -121,18 +127,20 @@ void plot_sweep(const std::string& dir_name, const std::vector<SweepPoint>& poin
         }
         return s.median_ms;
       };
-      out << '"' << p.rate << "\" " << m.output_throughput << ' ' << m.tpot.median_ms << ' ' << p99(m.tpot) << ' '
-          << m.ttft.median_ms << ' ' << p99(m.ttft) << ' ' << m.e2el.median_ms << '\n';
+      out << '"' << p.rate << "\" " << m.output_throughput << ' ' << m.tpot.median_ms << ' ' << p99(m.tpot)
+          << ' ' << m.ttft.median_ms << ' ' << p99(m.ttft) << ' ' << m.e2el.median_ms << '\n';
     }
   }
   draw(dir, "sweep", "1200,500",
        "set multiplot layout 1,2 title " + gp_string(title) +
            "\nset grid\nset key top left\nset xlabel 'output tokens/s'\nset logscale y\n"
            "set ylabel 'TPOT (ms)'\n"
-           "plot 'sweep.dat' using 2:3 with linespoints lw 2 title 'median', '' using 2:4 with linespoints lw 2 "
+           "plot 'sweep.dat' using 2:3 with linespoints lw 2 title 'median', '' using 2:4 with linespoints "
+           "lw 2 "
            "title 'p99', '' using 2:3:1 with labels offset 0,1 notitle\n"
            "set ylabel 'TTFT (ms)'\n"
-           "plot 'sweep.dat' using 2:5 with linespoints lw 2 title 'median', '' using 2:6 with linespoints lw 2 "
+           "plot 'sweep.dat' using 2:5 with linespoints lw 2 title 'median', '' using 2:6 with linespoints "
+           "lw 2 "
            "title 'p99', '' using 2:5:1 with labels offset 0,1 notitle\n");
 }
 

@@ -16,7 +16,8 @@ namespace troupe::cluster {
 
 // `dir` is created if missing. std::runtime_error when gnuplot fails or is
 // missing (install gnuplot-nox).
-void plot_run(const std::string& dir, const std::vector<core::RequestTiming>& requests, const std::string& title);
+void plot_run(const std::string& dir, const std::vector<core::RequestTiming>& requests,
+              const std::string& title);
 
 struct SweepPoint {
   std::string rate;  // as given ("4", "inf")

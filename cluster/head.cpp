@@ -64,7 +64,8 @@ int run_head(const HeadOptions& o) {
   HttpOptions http_opts = o.http;
   if (http_opts.model_name.empty()) http_opts.model_name = served_model_name(o.model_dir);
   http_opts.max_model_len = cfg.n_positions;
-  auto metrics = std::make_shared<MetricsCollector>(MetricsCollectorOptions{http_opts.model_name, cfg.n_positions});
+  auto metrics =
+      std::make_shared<MetricsCollector>(MetricsCollectorOptions{http_opts.model_name, cfg.n_positions});
   std::unique_ptr<HttpFront> http;
   actors::ClientSink http_sink;
   if (!http_opts.listen.empty()) {
@@ -101,17 +102,17 @@ int run_head(const HeadOptions& o) {
   ro.vocab_size = cfg.vocab_size;
   ro.eos_id = cfg.eos_token_id;
   ro.seed = o.seed;
-  actors::ClientSink sink = [metrics, http_sink, zmq_sink = zmq_client_sink(loop, frontend, o.max_queue)](
-                                const actors::Reply& r) {
-    metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count());
-    if (!r.client.empty() && r.client[0] == 'h') {
-      if (http_sink) http_sink(r);
-    } else {
-      zmq_sink(r);
-    }
-  };
+  actors::ClientSink sink =
+      [metrics, http_sink, zmq_sink = zmq_client_sink(loop, frontend, o.max_queue)](const actors::Reply& r) {
+        metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+        if (!r.client.empty() && r.client[0] == 'h') {
+          if (http_sink) http_sink(r);
+        } else {
+          zmq_sink(r);
+        }
+      };
   actors::router_actor router = actors::spawn_router(sys, dir.tokenizer, ro, batcher, std::move(sink));
 
   const std::vector<std::string> devices = local_devices(o);

@@ -82,7 +82,8 @@ std::pair<std::string, int> split_host_port(const std::string& listen) {
   } catch (const std::exception&) {
     throw std::invalid_argument("--http '" + listen + "': the port is not a number");
   }
-  if (port < 0 || port > 65535) throw std::invalid_argument("--http '" + listen + "': the port is out of range");
+  if (port < 0 || port > 65535)
+    throw std::invalid_argument("--http '" + listen + "': the port is out of range");
   return {host, port};
 }
 
@@ -111,7 +112,8 @@ void check_http_bind_security(const std::string& listen, bool has_api_key, bool 
   const auto [host, port] = split_host_port(listen);
   (void)port;
   if (has_api_key || insecure) return;
-  const std::string as_zmq = "tcp://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":1";
+  const std::string as_zmq =
+      "tcp://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":1";
   if (!transport::is_local_endpoint(as_zmq)) {
     throw std::invalid_argument("--http " + listen +
                                 " is reachable from other hosts: give --api-key KEY (clients then send "
@@ -224,10 +226,12 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
   if (!authorized(req, res)) return;
   auto parsed = openai::parse_completion_request(req.body, options.model_name);
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-  auto request = std::make_shared<openai::CompletionRequest>(std::move(std::get<openai::CompletionRequest>(parsed)));
+  auto request =
+      std::make_shared<openai::CompletionRequest>(std::move(std::get<openai::CompletionRequest>(parsed)));
   if (workers() == 0) {
-    return send_error(res, ApiError{503, "no worker has joined this server yet; try again when GET /health says ok",
-                                    "server_error", "", "no_workers"});
+    return send_error(
+        res, ApiError{503, "no worker has joined this server yet; try again when GET /health says ok",
+                      "server_error", "", "no_workers"});
   }
   auto session = std::make_shared<Session>(*this);
   session->jobs_open = true;
@@ -259,8 +263,8 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
   }
   if (rejected) return send_error(res, openai::from_rejected(*rejected));  // the session cancels the rest
 
-  auto builder = std::make_shared<openai::CompletionBuilder>(*request, new_id(), static_cast<int64_t>(std::time(nullptr)),
-                                                             options.model_name, tokenizer);
+  auto builder = std::make_shared<openai::CompletionBuilder>(
+      *request, new_id(), static_cast<int64_t>(std::time(nullptr)), options.model_name, tokenizer);
   // Applies one reply; the chunk to stream, if any.
   auto apply = [builder](const actors::ClientMessage& m) -> std::optional<json> {
     if (auto* t = std::get_if<transport::Tokens>(&m)) return builder->on_tokens(*t);
@@ -283,28 +287,28 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
   const bool include_usage = request->include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream", [this, session, builder, pending, apply, include_usage](size_t, httplib::DataSink& sink) {
-        std::optional<actors::ClientMessage> m;
-        if (!pending->empty()) {
-          m = std::move(pending->front());
-          pending->pop_front();
-        } else {
-          m = session->box->pop(std::chrono::milliseconds(100));
-        }
-        if (!m) return !stopping && sink.is_writable();  // false: the client left (or we stop); jobs cancelled
-        std::string out;
-        if (auto chunk = apply(*m)) out = sse(*chunk);
-        if (builder->done()) {
-          if (builder->failure()) out += sse(openai::to_json(*builder->failure()));
-          if (include_usage) out += sse(builder->usage_chunk());
-          out += "data: [DONE]\n\n";
-          session->jobs_open = false;
-        }
-        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-        if (builder->done()) sink.done();
-        return true;
-      });
+  res.set_chunked_content_provider("text/event-stream", [this, session, builder, pending, apply,
+                                                         include_usage](size_t, httplib::DataSink& sink) {
+    std::optional<actors::ClientMessage> m;
+    if (!pending->empty()) {
+      m = std::move(pending->front());
+      pending->pop_front();
+    } else {
+      m = session->box->pop(std::chrono::milliseconds(100));
+    }
+    if (!m) return !stopping && sink.is_writable();  // false: the client left (or we stop); jobs cancelled
+    std::string out;
+    if (auto chunk = apply(*m)) out = sse(*chunk);
+    if (builder->done()) {
+      if (builder->failure()) out += sse(openai::to_json(*builder->failure()));
+      if (include_usage) out += sse(builder->usage_chunk());
+      out += "data: [DONE]\n\n";
+      session->jobs_open = false;
+    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+    if (builder->done()) sink.done();
+    return true;
+  });
 }
 
 void HttpFront::Impl::install_routes() {
@@ -312,10 +316,11 @@ void HttpFront::Impl::install_routes() {
               [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
   server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    send_error(res, ApiError{400,
-                             "chat completions are not supported: GPT-2 has no chat template; send a prompt to "
-                             "/v1/completions instead",
-                             "invalid_request_error", "", "chat_not_supported"});
+    send_error(res,
+               ApiError{400,
+                        "chat completions are not supported: GPT-2 has no chat template; send a prompt to "
+                        "/v1/completions instead",
+                        "invalid_request_error", "", "chat_not_supported"});
   });
   server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
@@ -344,8 +349,8 @@ void HttpFront::Impl::install_routes() {
     std::string message = "HTTP " + std::to_string(res.status);
     if (res.status == 404) message = "no route for " + req.method + " " + req.path;
     if (res.status == 413) message = "the request body is too large";
-    send_error(res, ApiError{res.status, message, res.status >= 500 ? "server_error" : "invalid_request_error", "",
-                             ""});
+    send_error(res, ApiError{res.status, message,
+                             res.status >= 500 ? "server_error" : "invalid_request_error", "", ""});
   });
   server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
@@ -400,7 +405,8 @@ void HttpFront::start(actors::router_actor router) {
     f.listen_returned = true;
   });
   // stop() does nothing to a server that is not running yet: wait for it.
-  while (!f.server.is_running() && !f.listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!f.server.is_running() && !f.listen_returned)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 std::string HttpFront::endpoint() const { return impl_->endpoint; }

@@ -34,14 +34,14 @@ namespace troupe::cluster {
 class MetricsCollector;
 
 struct HttpOptions {
-  std::string listen;        // HOST:PORT ("127.0.0.1:8000", "[::1]:8000"); port 0 = any free port; "" = off
-  std::string api_key;       // non-empty: /v1/* need "Authorization: Bearer <key>"
-  bool insecure = false;     // allow a non-loopback bind without an api key
-  int32_t threads = 128;     // connections served at once (more wait to be accepted); >= 4
-  std::string model_name;    // the served model's name ("model" in requests and responses)
-  int32_t max_model_len = 1024;                 // reported by /v1/models
-  size_t max_body_bytes = size_t{16} << 20;     // larger request bodies get 413
-  int32_t keep_alive_s = 2;                     // an idle kept-alive connection is closed after this
+  std::string listen;      // HOST:PORT ("127.0.0.1:8000", "[::1]:8000"); port 0 = any free port; "" = off
+  std::string api_key;     // non-empty: /v1/* need "Authorization: Bearer <key>"
+  bool insecure = false;   // allow a non-loopback bind without an api key
+  int32_t threads = 128;   // connections served at once (more wait to be accepted); >= 4
+  std::string model_name;  // the served model's name ("model" in requests and responses)
+  int32_t max_model_len = 1024;              // reported by /v1/models
+  size_t max_body_bytes = size_t{16} << 20;  // larger request bodies get 413
+  int32_t keep_alive_s = 2;                  // an idle kept-alive connection is closed after this
 };
 
 // Throws std::invalid_argument (saying which flag to add) when `listen`

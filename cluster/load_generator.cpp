@@ -42,7 +42,9 @@ struct Run {
       out[i].prompt_tokens = r[i].prompt_tokens;
     }
   }
-  int64_t now() const { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - zero).count(); }
+  int64_t now() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - zero).count();
+  }
   Clock::time_point due_at(size_t i) const { return zero + std::chrono::nanoseconds(requests[i].arrival_ns); }
   void progress(bool force = false) {
     if (!options.on_progress) return;
@@ -106,7 +108,8 @@ void run_zmq(Run& run) {
     }
     auto wait = std::chrono::milliseconds(50);
     if (next < n && run.in_flight < limit) {
-      const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(run.due_at(run.order[next]) - t);
+      const auto until =
+          std::chrono::duration_cast<std::chrono::milliseconds>(run.due_at(run.order[next]) - t);
       wait = std::clamp(until, std::chrono::milliseconds(0), wait);
     }
     if (auto m = client.next(wait)) {
@@ -188,12 +191,9 @@ void run_http(Run& run) {
           due.pop_front();
         }
         const LoadRequest& q = run.requests[i];
-        json body{{"model", model},
-                  {"max_tokens", q.max_tokens},
-                  {"temperature", 0.0},
-                  {"ignore_eos", true},
-                  {"stream", true},
-                  {"stream_options", {{"include_usage", true}}}};
+        json body{{"model", model},     {"max_tokens", q.max_tokens},
+                  {"temperature", 0.0}, {"ignore_eos", true},
+                  {"stream", true},     {"stream_options", {{"include_usage", true}}}};
         if (q.prompt) {
           body["prompt"] = *q.prompt;
         } else {
@@ -202,7 +202,8 @@ void run_http(Run& run) {
         core::RequestTiming& r = run.out[i];
         ++run.in_flight;
         r.start_ns = run.now();
-        StreamedCompletion c = http.stream(body, [&] { return run.now(); }, [&] { ++run.pieces; });
+        StreamedCompletion c = http.stream(
+            body, [&] { return run.now(); }, [&] { ++run.pieces; });
         r.end_ns = run.now();
         r.token_ns = std::move(c.pieces);
         if (c.prompt_tokens) r.prompt_tokens = *c.prompt_tokens;
@@ -242,7 +243,8 @@ void run_http(Run& run) {
 
 LoadResult run_load(const std::vector<LoadRequest>& requests, const LoadOptions& options) {
   if (options.to.empty() == options.base_url.empty()) {
-    throw std::invalid_argument("give exactly one of --to (a troupe head) or --base-url (an OpenAI-compatible server)");
+    throw std::invalid_argument(
+        "give exactly one of --to (a troupe head) or --base-url (an OpenAI-compatible server)");
   }
   if (options.max_concurrency < 0) throw std::invalid_argument("--max-concurrency must be >= 0");
   if (!options.base_url.empty()) server_origin(options.base_url);  // checks it

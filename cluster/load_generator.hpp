@@ -71,7 +71,7 @@ LoadResult run_load(const std::vector<LoadRequest>& requests, const LoadOptions&
 // 1/rate; rate infinity = all at 0), input and output lengths uniform in
 // [L(1-r), L(1+r)], prompts of random token ids. Same options, same list.
 struct RandomLoadOptions {
-  int32_t num_requests = 100;  // >= 1
+  int32_t num_requests = 100;                                     // >= 1
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s; > 0
   double burstiness = 1.0;                                        // > 0; 1 = Poisson
   int32_t input_len = 1024, output_len = 128;                     // >= 1

@@ -1,17 +1,20 @@
 #include "cluster/metrics_collector.hpp"
 
+#include <initializer_list>
 #include <variant>
 
 namespace troupe::cluster {
 namespace {
 
 // vLLM's buckets (vllm/v1/metrics/loggers.py), in seconds.
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
-                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kTokenBuckets = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
-                                           0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kRequestBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,   15.0,  20.0,
-                                             30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTokenBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                           0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                             5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                             60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 constexpr const char* kP = "troupe:";
 
@@ -102,10 +105,13 @@ std::string MetricsCollector::render(const actors::StatusReport& st) const {
     out.sample(P + "worker_info", l, 1);
   }
   out.family(P + "num_requests_running", "gauge", "Number of requests in model execution batches.");
-  for (const auto& w : workers) out.sample(P + "num_requests_running", per_worker(w), w.scheduler.num_running);
+  for (const auto& w : workers)
+    out.sample(P + "num_requests_running", per_worker(w), w.scheduler.num_running);
   out.family(P + "num_requests_waiting", "gauge", "Number of requests waiting to be processed, per worker.");
-  for (const auto& w : workers) out.sample(P + "num_requests_waiting", per_worker(w), w.scheduler.num_waiting);
-  out.family(P + "num_requests_unplaced", "gauge", "Requests waiting for any worker (none can take them yet).");
+  for (const auto& w : workers)
+    out.sample(P + "num_requests_waiting", per_worker(w), w.scheduler.num_waiting);
+  out.family(P + "num_requests_unplaced", "gauge",
+             "Requests waiting for any worker (none can take them yet).");
   out.sample(P + "num_requests_unplaced", model, st.batcher.unplaced);
   out.family(P + "kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
   for (const auto& w : workers) {
@@ -115,11 +121,14 @@ std::string MetricsCollector::render(const actors::StatusReport& st) const {
   out.family(P + "prefix_cache_queries_total", "counter",
              "Prefix cache queries, in terms of number of queried tokens.");
   for (const auto& w : workers) {
-    out.sample(P + "prefix_cache_queries_total", per_worker(w), static_cast<double>(w.scheduler.prefix_query_tokens));
+    out.sample(P + "prefix_cache_queries_total", per_worker(w),
+               static_cast<double>(w.scheduler.prefix_query_tokens));
   }
-  out.family(P + "prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
+  out.family(P + "prefix_cache_hits_total", "counter",
+             "Prefix cache hits, in terms of number of cached tokens.");
   for (const auto& w : workers) {
-    out.sample(P + "prefix_cache_hits_total", per_worker(w), static_cast<double>(w.scheduler.prefix_hit_tokens));
+    out.sample(P + "prefix_cache_hits_total", per_worker(w),
+               static_cast<double>(w.scheduler.prefix_hit_tokens));
   }
   out.family(P + "num_preemptions_total", "counter", "Cumulative number of preemptions from the scheduler.");
   for (const auto& w : workers) {
@@ -131,20 +140,22 @@ std::string MetricsCollector::render(const actors::StatusReport& st) const {
   out.sample(P + "generation_tokens_total", model, static_cast<double>(st.router.output_tokens));
 
   std::lock_guard<std::mutex> lock(mu_);
-  out.family(P + "request_success_total", "counter", "Count of processed requests, by finish reason.");
-  for (const char* r : {"eos", "length", "stop", "cancelled", "error"}) {
-    Labels l = model;
-    l.emplace_back("finished_reason", r);
-    auto it = finished_.find(r);
-    out.sample(P + "request_success_total", l, it == finished_.end() ? 0.0 : it->second);
-  }
-  out.family(P + "request_rejected_total", "counter", "Requests refused at the door, by reason.");
-  for (const char* r : {"busy", "invalid", "too_long", "no_workers", "shutting_down"}) {
-    Labels l = model;
-    l.emplace_back("reason", r);
-    auto it = rejected_.find(r);
-    out.sample(P + "request_rejected_total", l, it == rejected_.end() ? 0.0 : it->second);
-  }
+  // A counter family with one sample per reason (0 for reasons not seen yet, so every series exists).
+  auto by_reason = [&](const std::string& name, const char* help, const char* label,
+                       std::initializer_list<const char*> reasons,
+                       const std::map<std::string, double>& counts) {
+    out.family(P + name, "counter", help);
+    for (const char* r : reasons) {
+      Labels l = model;
+      l.emplace_back(label, r);
+      auto it = counts.find(r);
+      out.sample(P + name, l, it == counts.end() ? 0.0 : it->second);
+    }
+  };
+  by_reason("request_success_total", "Count of processed requests, by finish reason.", "finished_reason",
+            {"eos", "length", "stop", "cancelled", "error"}, finished_);
+  by_reason("request_rejected_total", "Requests refused at the door, by reason.", "reason",
+            {"busy", "invalid", "too_long", "no_workers", "shutting_down"}, rejected_);
   const std::pair<const char*, std::pair<const Histogram*, const char*>> hists[] = {
       {"time_to_first_token_seconds", {&ttft_, "Histogram of time to first token in seconds."}},
       {"inter_token_latency_seconds", {&itl_, "Histogram of inter-token latency in seconds."}},
@@ -152,7 +163,8 @@ std::string MetricsCollector::render(const actors::StatusReport& st) const {
        {&tpot_, "Histogram of time_per_output_token_seconds per request."}},
       {"e2e_request_latency_seconds", {&e2e_, "Histogram of e2e request latency in seconds."}},
       {"request_queue_time_seconds", {&queue_, "Histogram of time spent in WAITING phase for request."}},
-      {"request_inference_time_seconds", {&inference_, "Histogram of time spent in RUNNING phase for request."}},
+      {"request_inference_time_seconds",
+       {&inference_, "Histogram of time spent in RUNNING phase for request."}},
       {"request_prefill_time_seconds", {&prefill_, "Histogram of time spent in PREFILL phase for request."}},
       {"request_decode_time_seconds", {&decode_, "Histogram of time spent in DECODE phase for request."}},
       {"request_prompt_tokens", {&prompt_len_, "Number of prefill tokens processed."}},

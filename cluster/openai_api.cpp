@@ -133,8 +133,9 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   if (const json* m = field(b, "model")) {
     if (!m->is_string()) bad("model", "model must be a string");
     if (m->get<std::string>() != served_model) {
-      throw Bad{ApiError{404, "The model '" + m->get<std::string>() + "' does not exist; this server serves '" +
-                                  served_model + "' (GET /v1/models)",
+      throw Bad{ApiError{404,
+                         "The model '" + m->get<std::string>() + "' does not exist; this server serves '" +
+                             served_model + "' (GET /v1/models)",
                          "invalid_request_error", "model", "model_not_found"}};
     }
   }
@@ -146,22 +147,27 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   if (const json* v = field(b, "stream_options")) {
     if (!r.stream) bad("stream_options", "stream_options is only allowed with stream: true");
     if (!v->is_object()) bad("stream_options", "stream_options must be an object");
-    if (const json* u = field(*v, "include_usage")) r.include_usage = boolean(*u, "stream_options.include_usage");
+    if (const json* u = field(*v, "include_usage"))
+      r.include_usage = boolean(*u, "stream_options.include_usage");
   }
   refuse_unsupported(b, r.n);
 
   transport::Submit base;
-  if (const json* v = field(b, "max_tokens")) base.max_tokens = static_cast<int32_t>(integer(*v, "max_tokens", 1, kI32Max));
-  if (const json* v = field(b, "temperature")) base.temperature = static_cast<float>(number(*v, "temperature"));
+  if (const json* v = field(b, "max_tokens"))
+    base.max_tokens = static_cast<int32_t>(integer(*v, "max_tokens", 1, kI32Max));
+  if (const json* v = field(b, "temperature"))
+    base.temperature = static_cast<float>(number(*v, "temperature"));
   if (const json* v = field(b, "top_p")) base.top_p = static_cast<float>(number(*v, "top_p"));
   if (const json* v = field(b, "top_k")) {
     const int64_t k = integer(*v, "top_k", -1, kI32Max);
     base.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // vLLM: -1 = off
   }
-  if (const json* v = field(b, "logprobs")) base.logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, kI32Max));
+  if (const json* v = field(b, "logprobs"))
+    base.logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, kI32Max));
   if (const json* v = field(b, "ignore_eos")) base.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = field(b, "priority")) {
-    base.priority = static_cast<int32_t>(integer(*v, "priority", std::numeric_limits<int32_t>::min(), kI32Max));
+    base.priority =
+        static_cast<int32_t>(integer(*v, "priority", std::numeric_limits<int32_t>::min(), kI32Max));
   }
   if (const json* v = field(b, "seed")) {
     if (!v->is_number_integer()) bad("seed", "seed must be an integer, got " + kind_of(*v));
@@ -236,7 +242,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(const std::st
   try {
     b = json::parse(body);
   } catch (const json::parse_error& e) {
-    return ApiError{400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error", "", ""};
+    return ApiError{400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error", "",
+                    ""};
   }
   try {
     return parse(b, served_model);
@@ -276,14 +283,16 @@ CompletionBuilder::CompletionBuilder(const CompletionRequest& request, std::stri
       choices_(request.jobs.size()),
       remaining_(request.jobs.size()) {}
 
-json CompletionBuilder::chunk(size_t index, const std::string& text, json logprobs, json finish_reason) const {
+json CompletionBuilder::chunk(size_t index, const std::string& text, json logprobs,
+                              json finish_reason) const {
   json c{{"id", id_},
          {"object", "text_completion"},
          {"created", created_},
          {"model", model_},
-         {"choices",
-          json::array({{{"index", index}, {"text", text}, {"logprobs", std::move(logprobs)},
-                        {"finish_reason", std::move(finish_reason)}}})}};
+         {"choices", json::array({{{"index", index},
+                                   {"text", text},
+                                   {"logprobs", std::move(logprobs)},
+                                   {"finish_reason", std::move(finish_reason)}}})}};
   if (include_usage_) c["usage"] = nullptr;
   return c;
 }
@@ -307,10 +316,11 @@ json CompletionBuilder::logprobs_of(Choice& c, const transport::Tokens& t) {
     part["text_offset"].push_back(c.text_offset);
     c.text_offset += characters(tok);
   }
-  if (c.logprobs.empty()) c.logprobs = json{{"tokens", json::array()},
-                                            {"token_logprobs", json::array()},
-                                            {"top_logprobs", json::array()},
-                                            {"text_offset", json::array()}};
+  if (c.logprobs.empty())
+    c.logprobs = json{{"tokens", json::array()},
+                      {"token_logprobs", json::array()},
+                      {"top_logprobs", json::array()},
+                      {"text_offset", json::array()}};
   for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
     for (const auto& x : part[k]) c.logprobs[k].push_back(x);
   }
@@ -364,12 +374,8 @@ json CompletionBuilder::response() const {
                        {"logprobs", want_logprobs_ && !c.logprobs.empty() ? c.logprobs : json(nullptr)},
                        {"finish_reason", c.finish_reason}});
   }
-  return json{{"id", id_},
-              {"object", "text_completion"},
-              {"created", created_},
-              {"model", model_},
-              {"choices", std::move(choices)},
-              {"usage", usage()}};
+  return json{{"id", id_},       {"object", "text_completion"},   {"created", created_},
+              {"model", model_}, {"choices", std::move(choices)}, {"usage", usage()}};
 }
 
 json CompletionBuilder::usage_chunk() const {

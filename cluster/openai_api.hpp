@@ -64,8 +64,8 @@ const char* finish_reason_name(core::FinishReason reason);
 class CompletionBuilder {
  public:
   // `tokenizer` (for the logprobs' token strings) must outlive the builder.
-  CompletionBuilder(const CompletionRequest& request, std::string id, int64_t created_unix,
-                    std::string model, const model::Tokenizer& tokenizer);
+  CompletionBuilder(const CompletionRequest& request, std::string id, int64_t created_unix, std::string model,
+                    const model::Tokenizer& tokenizer);
 
   // The chunk for one reply about choice `tag` (nullopt for one that says
   // nothing, or a tag that is not ours).

@@ -54,7 +54,8 @@ std::string server_origin(const std::string& base_url) {
   return u;
 }
 
-OpenAiClient::OpenAiClient(const std::string& base_url, const std::string& api_key, std::chrono::seconds timeout)
+OpenAiClient::OpenAiClient(const std::string& base_url, const std::string& api_key,
+                           std::chrono::seconds timeout)
     : http_(std::make_unique<httplib::Client>(server_origin(base_url))), api_key_(api_key) {
   if (!http_->is_valid()) throw std::invalid_argument("--base-url '" + base_url + "' is not a usable URL");
   http_->set_tcp_nodelay(true);
@@ -115,7 +116,8 @@ StreamedCompletion OpenAiClient::stream(const json& body, const std::function<in
       if (c == j.end() || !c->is_array() || c->empty()) continue;
       const json& ch = (*c)[0];
       if (auto f = ch.find("finish_reason"); f != ch.end() && f->is_string()) out.finish_reason = *f;
-      if (auto tx = ch.find("text"); tx != ch.end() && tx->is_string() && !tx->get_ref<const std::string&>().empty()) {
+      if (auto tx = ch.find("text");
+          tx != ch.end() && tx->is_string() && !tx->get_ref<const std::string&>().empty()) {
         out.text += tx->get_ref<const std::string&>();
         out.pieces.push_back(t);
         if (on_piece) on_piece();
@@ -132,7 +134,8 @@ StreamedCompletion OpenAiClient::stream(const json& body, const std::function<in
   } else if (out.status != 200 && out.error.empty()) {
     json j = json::parse(raw, nullptr, false);
     std::string m = raw.substr(0, 300);
-    if (!j.is_discarded() && j.contains("error") && j["error"].is_object() && j["error"].contains("message")) {
+    if (!j.is_discarded() && j.contains("error") && j["error"].is_object() &&
+        j["error"].contains("message")) {
       m = j["error"]["message"].dump();
     }
     out.error = "HTTP " + std::to_string(out.status) + ": " + m;

@@ -39,7 +39,8 @@ void write_labels(std::ostringstream& out, const Labels& labels) {
 
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {
   for (size_t i = 0; i < bounds_.size(); ++i) {
     if (!std::isfinite(bounds_[i]) || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
       throw std::invalid_argument("Histogram: bounds must be finite and strictly increasing");

@@ -159,7 +159,8 @@ TEST(MetricsCollector, AVanishedClientIsForgotten) {
 // where setup.sh has not put it in TROUPE_TOOLS_DIR.
 TEST(MetricsCollector, PromtoolAcceptsTheExposition) {
   const std::string promtool = std::string(TROUPE_TOOLS_DIR) + "/bin/promtool";
-  if (!std::filesystem::exists(promtool)) GTEST_SKIP() << "no " << promtool << " (scripts/setup.sh installs it)";
+  if (!std::filesystem::exists(promtool))
+    GTEST_SKIP() << "no " << promtool << " (scripts/setup.sh installs it)";
   MetricsCollector m({"gpt2", 1024});
   one_request(m, "z1", 1);
   test::TempDir dir;
@@ -167,7 +168,8 @@ TEST(MetricsCollector, PromtoolAcceptsTheExposition) {
     std::ofstream out(dir.file("metrics.txt"));
     out << m.render(two_workers());
   }
-  const auto r = test::run_command(test::shell_quote(promtool) + " check metrics < " + dir.file("metrics.txt"));
+  const auto r =
+      test::run_command(test::shell_quote(promtool) + " check metrics < " + dir.file("metrics.txt"));
   // Exit 3 = lint problems only; the one allowed is vLLM's own choice of ':' in names.
   EXPECT_TRUE(r.status == 0 || r.status == 3) << r.output;
   std::istringstream lines(r.output);

@@ -99,7 +99,8 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
       {R"({"prompt": "a", "temperature": "hot"})", 400, "temperature", "must be a number"},
       {R"({"prompt": "a", "stop": [1]})", 400, "stop", "stop[0] must be a string"},
       {R"({"prompt": "a", "stream": "yes"})", 400, "stream", "true or false"},
-      {R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options", "stream: true"},
+      {R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options",
+       "stream: true"},
       {R"({"prompt": "a", "echo": true})", 400, "echo", "not supported"},
       {R"({"prompt": "a", "best_of": 2})", 400, "best_of", "not supported"},
       {R"({"prompt": "a", "presence_penalty": 0.5})", 400, "presence_penalty", "not supported"},
@@ -211,9 +212,7 @@ TEST(OpenAiApi, AChoiceThatFailsFailsTheRequest) {
   EXPECT_NE(b.failure()->message.find("worker lost"), std::string::npos);
 }
 
-TEST(OpenAiApi, DumpReplacesInvalidUtf8) {
-  EXPECT_EQ(dump(json("a\xff")), "\"a\xEF\xBF\xBD\"");
-}
+TEST(OpenAiApi, DumpReplacesInvalidUtf8) { EXPECT_EQ(dump(json("a\xff")), "\"a\xEF\xBF\xBD\""); }
 
 }  // namespace
 }  // namespace troupe::cluster::openai
