@@ -125,9 +125,19 @@ StreamedCompletion OpenAiClient::stream(const json& body, const std::function<in
     }
     return true;
   };
-  httplib::Response res;
+  // A request the server never answered (no status line: a kept-alive
+  // connection the server had closed, or a connect dropped from a full
+  // accept backlog) is sent again on a new connection, twice at most; its
+  // time still counts from the first try.
+  bool sent = false;
   httplib::Error err = httplib::Error::Success;
-  const bool sent = http_->send(req, res, err);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    httplib::Response res;
+    err = httplib::Error::Success;
+    sent = http_->send(req, res, err);
+    if (sent || out.status != 0 || !out.error.empty()) break;
+    ++out.retries;
+  }
   if (!sent && out.error.empty()) {
     out.error = out.status == 0 ? "cannot reach the server: " + httplib::to_string(err)
                                 : "the stream broke: " + httplib::to_string(err);

@@ -38,6 +38,7 @@ struct StreamedCompletion {
   std::string text;
   std::optional<int32_t> prompt_tokens, completion_tokens;  // the server's usage, when it gave one
   std::string finish_reason;
+  int32_t retries = 0;  // sends repeated because the server had not answered at all
 };
 
 class OpenAiClient {

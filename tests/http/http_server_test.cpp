@@ -371,3 +371,53 @@ TEST(HttpFront, BenchPlotsPngAndSvgWithGnuplot) {
     }
   }
 }
+
+// The parameters reach the router as OpenAI means them: a batch of prompts
+// times n, stop strings (the text ends before the stop), logprobs.
+TEST(HttpFront, BatchesStopsAndLogprobsMeanWhatOpenAiSays) {
+  ServeProcess serve;
+  const std::string url = serve.url() + "/v1/completions";
+  const json base = parse(curl(url, std::string(kGreedy8) + "}"));
+  const std::string text = base["choices"][0]["text"];
+  ASSERT_GE(text.size(), 4u) << base.dump();
+
+  const HttpReply batch =
+      curl(url, R"({"prompt": ["Hello world", "Hello world"], "n": 2, "max_tokens": 8, "temperature": 0,
+                    "ignore_eos": true})");
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  const json b = parse(batch);
+  ASSERT_EQ(b["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(b["choices"][i]["index"], i);
+    EXPECT_EQ(b["choices"][i]["text"], text) << "greedy: every choice of every copy of the prompt";
+  }
+  EXPECT_EQ(b["usage"]["prompt_tokens"], 4) << "each prompt counted once, not once per choice";
+  EXPECT_EQ(b["usage"]["completion_tokens"], 32);
+
+  const std::string stop = text.substr(1, 3);
+  const HttpReply stopped = curl(
+      url, R"({"prompt": "Hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true, "stop": )" +
+               json(stop).dump() + "}");
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const json s = parse(stopped);
+  EXPECT_EQ(s["choices"][0]["finish_reason"], "stop") << s.dump();
+  EXPECT_EQ(s["choices"][0]["text"], text.substr(0, text.find(stop))) << "the text ends before the stop";
+
+  const HttpReply lp =
+      curl(url, R"({"prompt": "Hello world", "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+                    "logprobs": 2})");
+  ASSERT_EQ(lp.status, 200) << lp.body;
+  const json l = parse(lp)["choices"][0]["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), 8u) << l.dump();
+  ASSERT_EQ(l["token_logprobs"].size(), 8u);
+  ASSERT_EQ(l["top_logprobs"].size(), 8u);
+  std::string joined;
+  for (size_t i = 0; i < 8; ++i) {
+    joined += l["tokens"][i].get<std::string>();
+    const double chosen = l["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0);
+    EXPECT_EQ(l["top_logprobs"][i].size(), 2u) << "greedy: the chosen token is one of the top 2";
+    for (const auto& [tok, v] : l["top_logprobs"][i].items()) EXPECT_LE(v.get<double>(), chosen) << tok;
+  }
+  EXPECT_EQ(joined, text);
+}
