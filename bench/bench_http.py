@@ -5,6 +5,8 @@ Phases (pick with --phases; each alternates its variants within every repetition
   front  the same load through troupe's ZeroMQ front (`bench --to`) and its HTTP front (`bench --base-url`),
          one `serve --http` head, short runs alternating (--front-pairs): output tokens/s of each, the ratio
          http / zmq of each adjacent pair and their median (target >= 0.97)
+  cpu    CPU seconds of the head and of the client per 1000 output tokens through each front (where the
+         front's cost goes)
   sweep  request rates light -> saturation through the HTTP front (`bench --request-rate R1,R2,...
          --plot DIR`): the latency-vs-throughput plot (DIR/sweep.svg) and one line per rate
   peer   troupe `serve --http` vs llama.cpp's `llama-server` on the same random GPT-2 as GGUF
@@ -171,6 +173,40 @@ if "front" in phases:
           f"tok/s (best {max(runs['http']):.1f}); http / zmq per pair {[round(r, 3) for r in ratios]}, "
           f"median {statistics.median(ratios):.3f}, of bests {max(runs['http']) / max(runs['zmq']):.3f} "
           f"(target >= 0.97)")
+
+if "cpu" in phases:
+    # Where the time goes: CPU seconds of the head process (all its threads) and of the client (troupe bench)
+    # per 1000 output tokens, for the same load through each front, alternating.
+    load = ["--num-requests", str(a.front_requests), "--request-rate", "inf",
+            "--max-concurrency", str(a.front_concurrency), "--random-input-len", "60", "--range-ratio", "0.07",
+            "--random-output-len", str(a.front_output), "--seed", "7"]
+    t = Troupe("cpu")
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def head_cpu():
+        f = open(f"/proc/{t.p.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tick
+
+    cpu = {"zmq": [], "http": []}
+    try:
+        bench(["--base-url", t.url], "cpu-warmup", load)
+        for rep in range(a.reps * 2):
+            for v in (("zmq", "http") if rep % 2 == 0 else ("http", "zmq")):
+                h0, c0 = head_cpu(), os.times()
+                j = bench(["--to", t.zmq] if v == "zmq" else ["--base-url", t.url], f"cpu-{v}-{rep}", load)
+                h1, c1 = head_cpu(), os.times()
+                k = j["total_output_tokens"] / 1000
+                client = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) / k
+                cpu[v].append({"head_s_per_1k": (h1 - h0) / k, "client_s_per_1k": client,
+                               "tok_s": j["output_throughput"]})
+                log(f"cpu {v}: head {(h1 - h0) / k:.3f} s, client {client:.3f} s per 1000 tokens, "
+                    f"{j['output_throughput']:.1f} tok/s")
+    finally:
+        t.stop()
+    results["cpu"] = cpu
+    for v in cpu:
+        print(f"cpu {v}: head median {statistics.median(x['head_s_per_1k'] for x in cpu[v]):.3f} s, client "
+              f"median {statistics.median(x['client_s_per_1k'] for x in cpu[v]):.3f} s per 1000 output tokens")
 
 if "sweep" in phases:
     t = Troupe("sweep")
