@@ -60,6 +60,10 @@ ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
 # 64 x (56-64 + 128) greedy, the peer-bench workload's shape; ids from troupe bench's seeded generator.
 WORKLOAD = ["--random-input-len", "60", "--range-ratio", "0.07", "--random-output-len", str(a.output_len),
             "--seed", "7"]
+# The front and cpu phases' load: short runs, so that many alternate within one head's life.
+FRONT_LOAD = ["--num-requests", str(a.front_requests), "--request-rate", "inf",
+              "--max-concurrency", str(a.front_concurrency), "--random-input-len", "60", "--range-ratio", "0.07",
+              "--random-output-len", str(a.front_output), "--seed", "7"]
 
 
 def log(*x):
@@ -150,9 +154,7 @@ results = {"cpu": cpu}
 if "front" in phases:
     # One head; short runs alternating zmq/http (order flipped every pair), so the neighbours' load on this
     # shared machine hits both fronts alike; the ratio of each adjacent pair, then their median.
-    load = ["--num-requests", str(a.front_requests), "--request-rate", "inf",
-            "--max-concurrency", str(a.front_concurrency), "--random-input-len", "60", "--range-ratio", "0.07",
-            "--random-output-len", str(a.front_output), "--seed", "7"]
+    load = FRONT_LOAD
     runs = {"zmq": [], "http": []}
     t = Troupe("front")
     try:
@@ -177,9 +179,7 @@ if "front" in phases:
 if "cpu" in phases:
     # Where the time goes: CPU seconds of the head process (all its threads) and of the client (troupe bench)
     # per 1000 output tokens, for the same load through each front, alternating.
-    load = ["--num-requests", str(a.front_requests), "--request-rate", "inf",
-            "--max-concurrency", str(a.front_concurrency), "--random-input-len", "60", "--range-ratio", "0.07",
-            "--random-output-len", str(a.front_output), "--seed", "7"]
+    load = FRONT_LOAD
     t = Troupe("cpu")
     tick = os.sysconf("SC_CLK_TCK")
 
