@@ -57,6 +57,12 @@ int run_serve(ServeFlags f) {
   }
   transport::check_bind_security(h.listen, h.curve.has_value(), h.insecure);
   transport::check_bind_security(h.worker_listen, h.curve.has_value(), h.insecure);
+  if (!h.http.api_key.empty() && h.http.listen.empty()) {
+    throw std::invalid_argument("--api-key protects the HTTP front: give --http HOST:PORT too");
+  }
+  h.http.insecure = h.insecure;
+  if (!h.http.listen.empty())
+    cluster::check_http_bind_security(h.http.listen, !h.http.api_key.empty(), h.insecure);
   return cluster::run_head(h);
 }
 
@@ -89,7 +95,8 @@ void add_curve_server_flags(CLI::App* sub, ServeFlags& f) {
       "--curve-allowed-keys", f.allowed_keys,
       "CurveZMQ: public keys of the clients and worker nodes let in (a .pub file, a file of keys, "
       "or a folder of .pub files)");
-  sub->add_flag("--insecure", f.head.insecure, "Allow binding a non-loopback address without CurveZMQ keys");
+  sub->add_flag("--insecure", f.head.insecure,
+                "Allow binding a non-loopback address without CurveZMQ keys (or, for --http, an --api-key)");
 }
 
 }  // namespace
@@ -120,6 +127,16 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
         ->check(CLI::Range(3, 5));
     sub->add_option("--drain-timeout", f->drain_timeout_s, "At SIGTERM: seconds in-flight jobs may take")
         ->check(CLI::NonNegativeNumber);
+    sub->add_option("--http", h.http.listen,
+                    "Also serve OpenAI's completions API over HTTP at HOST:PORT, e.g. 127.0.0.1:8000 "
+                    "(port 0 = any free port)");
+    sub->add_option("--api-key", h.http.api_key,
+                    "HTTP: require 'Authorization: Bearer KEY' on /v1/* (also allows a non-loopback --http)");
+    sub->add_option("--served-model-name", h.http.model_name,
+                    "HTTP: the model's name in requests and responses (default: the model folder's name)");
+    sub->add_option("--http-threads", h.http.threads,
+                    "HTTP: connections served at once; more wait to be accepted")
+        ->check(CLI::Range(4, 4096));
     sub->add_option("--ready-file", h.ready_file, "Write the bound endpoints here once serving");
     sub->add_flag("--quiet", h.quiet, "No log lines");
     add_curve_server_flags(sub, *f);

@@ -24,6 +24,7 @@ void add_batch_command(CLI::App& app, Registry& registry);      // batch
 void add_cluster_commands(CLI::App& app, Registry& registry);   // serve, worker, keygen
 void add_submit_commands(CLI::App& app, Registry& registry);    // submit, status
 void add_profile_command(CLI::App& app, Registry& registry);    // profile
+void add_bench_command(CLI::App& app, Registry& registry);      // bench
 void add_simulate_command(CLI::App& app, Registry& registry);   // simulate
 
 // The default tokenizer folder (GPT-2's vocab.json + merges.txt), used by init-model.

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_cluster_commands(app, registry);
   troupe::cli::add_submit_commands(app, registry);
   troupe::cli::add_profile_command(app, registry);
+  troupe::cli::add_bench_command(app, registry);
   troupe::cli::add_simulate_command(app, registry);
 
   try {

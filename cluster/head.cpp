@@ -10,6 +10,8 @@
 #include "actors/router_actor.hpp"
 #include "actors/worker_actor.hpp"
 #include "cluster/gateway.hpp"
+#include "cluster/http_front.hpp"
+#include "cluster/metrics_collector.hpp"
 #include "cluster/model_worker.hpp"
 #include "cluster/signals.hpp"
 #include "cluster/zmq_front.hpp"
@@ -33,6 +35,14 @@ std::vector<std::string> local_devices(const HeadOptions& o) {
   return o.devices;
 }
 
+// The model folder's own name ("models/gpt2/" -> "gpt2"), as vLLM names a
+// model after its path by default.
+std::string served_model_name(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
+
 }  // namespace
 
 int run_head(const HeadOptions& o) {
@@ -47,6 +57,22 @@ int run_head(const HeadOptions& o) {
   sched.num_blocks =
       o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, sched.block_size);
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
+
+  // Every reply is observed for /metrics, then goes to the front of its
+  // client: "h..." the HTTP front, "z..." the ZeroMQ one. The HTTP address is
+  // bound before any actor starts, so a taken port fails fast and cleanly.
+  HttpOptions http_opts = o.http;
+  if (http_opts.model_name.empty()) http_opts.model_name = served_model_name(o.model_dir);
+  http_opts.max_model_len = cfg.n_positions;
+  auto metrics =
+      std::make_shared<MetricsCollector>(MetricsCollectorOptions{http_opts.model_name, cfg.n_positions});
+  std::unique_ptr<HttpFront> http;
+  actors::ClientSink http_sink;
+  if (!http_opts.listen.empty()) {
+    http = std::make_unique<HttpFront>(http_opts, dir.tokenizer, metrics);
+    http->bind();
+    http_sink = http->sink();
+  }
 
   caf::actor_system_config caf_cfg;
   caf_cfg.set("scheduler.max-threads", 2);  // message handling only: forward passes run on detached workers
@@ -76,8 +102,18 @@ int run_head(const HeadOptions& o) {
   ro.vocab_size = cfg.vocab_size;
   ro.eos_id = cfg.eos_token_id;
   ro.seed = o.seed;
-  actors::router_actor router =
-      actors::spawn_router(sys, dir.tokenizer, ro, batcher, zmq_client_sink(loop, frontend, o.max_queue));
+  actors::ClientSink sink =
+      [metrics, http_sink, zmq_sink = zmq_client_sink(loop, frontend, o.max_queue)](const actors::Reply& r) {
+        metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+        if (!r.client.empty() && r.client[0] == 'h') {
+          if (http_sink) http_sink(r);
+        } else {
+          zmq_sink(r);
+        }
+      };
+  actors::router_actor router = actors::spawn_router(sys, dir.tokenizer, ro, batcher, std::move(sink));
 
   const std::vector<std::string> devices = local_devices(o);
   GatewayConfig gc;
@@ -100,9 +136,12 @@ int run_head(const HeadOptions& o) {
         }
       }));
   loop.on_undeliverable([&](transport::SocketId s, const std::string& peer) {
-    if (s == frontend) caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
+    if (s != frontend) return;
+    caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
+    metrics->forget(zmq_client_id(peer));
   });
   loop.start();
+  if (http) http->start(router);
 
   // Local workers: the weights are shared per device, each has its own pool and threads.
   std::vector<actors::worker_actor> local;
@@ -128,10 +167,11 @@ int run_head(const HeadOptions& o) {
   }
   log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(local.size()) +
                         " local worker(s); clients " + loop.endpoint(frontend) + ", workers " +
-                        loop.endpoint(backend));
+                        loop.endpoint(backend) + (http ? ", HTTP http://" + http->endpoint() : ""));
   if (!o.ready_file.empty()) {
     std::ofstream rf(o.ready_file + ".tmp");
     rf << "listen=" << loop.endpoint(frontend) << "\nworker_listen=" << loop.endpoint(backend) << "\n";
+    if (http) rf << "http=" << http->endpoint() << "\n";
     rf.close();
     std::rename((o.ready_file + ".tmp").c_str(), o.ready_file.c_str());
   }
@@ -154,6 +194,7 @@ int run_head(const HeadOptions& o) {
       if (!idle && signals.wait(std::chrono::milliseconds(100))) break;  // a second signal: stop now
     }
   }
+  if (http) http->stop();
   loop.stop();
   for (auto& w : local) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);

@@ -6,6 +6,7 @@
 // (bounded by drain_timeout) and exits 0.
 //
 //   clients ─▶ frontend ─▶ router ─▶ batcher ─▶ local workers (detached actors, the model)
+//   HTTP clients ─▶ HTTP front ─┘ (optional: cluster/http_front.hpp)
 //                                       │  ▲
 //                                       ▼  │
 //              backend ◀─▶ gateway ◀─▶ proxies ◀─frames─▶ worker nodes (`troupe worker --join`)
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/http_front.hpp"
 #include "core/batcher.hpp"
 #include "core/scheduler.hpp"
 #include "transport/socket_loop.hpp"
@@ -41,6 +43,8 @@ struct HeadOptions {
   std::chrono::milliseconds heartbeat{1000};        // with worker nodes
   int liveness = 3;                                 // missed heartbeats before a node is lost (3..5)
   std::chrono::seconds drain_timeout{60};           // at SIGTERM: how long in-flight jobs may take
+  HttpOptions http;  // the OpenAI-compatible front: listen "" = none; model_name "" = the model
+                     // folder's name; max_model_len is filled in
   std::string ready_file;                           // written with the bound endpoints once serving
   bool quiet = false;                               // no log lines on stderr
 };

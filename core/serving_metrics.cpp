@@ -135,6 +135,15 @@ LatencyStats summarize_ms(std::vector<double> v, const std::vector<double>& perc
   return s;
 }
 
+RequestLatency request_latency(const RequestTiming& r) {
+  RequestLatency l;
+  l.e2el_s = seconds(r.end_ns - r.start_ns);
+  // No piece streamed (a non-streaming answer): vLLM leaves ttft at 0.
+  l.ttft_s = r.token_ns.empty() ? 0.0 : seconds(r.token_ns.front() - r.start_ns);
+  if (r.output_tokens > 1) l.tpot_s = (l.e2el_s - l.ttft_s) / (r.output_tokens - 1);
+  return l;
+}
+
 ServingMetrics compute_serving_metrics(const std::vector<RequestTiming>& requests, double duration_s,
                                        const MetricsOptions& options) {
   if (!(duration_s > 0) || !std::isfinite(duration_s))
@@ -154,14 +163,9 @@ ServingMetrics compute_serving_metrics(const std::vector<RequestTiming>& request
     ++m.completed;
     m.total_input_tokens += r.prompt_tokens;
     m.total_output_tokens += r.output_tokens;
-    const double e2el = seconds(r.end_ns - r.start_ns);
-    // No piece streamed (a non-streaming answer): vLLM leaves ttft at 0.
-    const double ttft = r.token_ns.empty() ? 0.0 : seconds(r.token_ns.front() - r.start_ns);
-    double tpot = 0;
-    if (r.output_tokens > 1) {
-      tpot = (e2el - ttft) / (r.output_tokens - 1);
-      tpots.push_back(tpot);
-    }
+    const RequestLatency lat = request_latency(r);
+    const double e2el = lat.e2el_s, ttft = lat.ttft_s, tpot = lat.tpot_s;
+    if (r.output_tokens > 1) tpots.push_back(tpot);
     for (size_t i = 1; i < r.token_ns.size(); ++i) itls.push_back(seconds(r.token_ns[i] - r.token_ns[i - 1]));
     ttfts.push_back(ttft);
     e2els.push_back(e2el);

@@ -41,6 +41,14 @@ struct RequestTiming {
   std::string error;
 };
 
+// One request's TTFT, TPOT and E2EL in seconds, as compute_serving_metrics
+// takes them (TPOT 0 with fewer than 2 output tokens; TTFT 0 when no piece
+// came). For plots of the distributions behind the summaries.
+struct RequestLatency {
+  double ttft_s = 0, tpot_s = 0, e2el_s = 0;
+};
+RequestLatency request_latency(const RequestTiming& request);
+
 // Service-level objectives for goodput, in milliseconds; nullopt = not judged.
 struct SloTargets {
   std::optional<double> ttft_ms, tpot_ms, e2el_ms;

@@ -6,6 +6,7 @@
 #
 #   bash scripts/setup.sh            # everything
 #   SKIP_MODEL=1 bash scripts/setup.sh   # no default model (tests make their own)
+#   SKIP_TOOLS=1 bash scripts/setup.sh   # no promtool / openai npm package (their tests then skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -23,7 +24,7 @@ PACKAGES=(
   libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
   libspdlog-dev libfmt-dev libcurl4-openssl-dev libxxhash-dev iproute2
-  libyaml-cpp-dev gnuplot-nox
+  libyaml-cpp-dev libcpp-httplib-dev gnuplot-nox curl
 )
 
 missing=()
@@ -58,6 +59,32 @@ fi
 printf "%s  %s\n%s  %s\n" 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 "$TOK_DIR/vocab.json" \
   1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5 "$TOK_DIR/merges.txt" | sha256sum -c --quiet - \
   || { log "tokenizer files have an unexpected checksum; delete $TOK_DIR and rerun"; exit 1; }
+
+# Test tools that are no Debian build dependency, in .tools/ (gitignored):
+# promtool, taken out of Debian's prometheus package without installing it
+# (the package would start a Prometheus server on systemd machines; this
+# takes ~10 s and 48 MB), and the official openai npm package, pinned, for
+# the black-box tests of the HTTP front.
+TOOLS_DIR="$ROOT/.tools"
+if [ -z "${SKIP_TOOLS:-}" ]; then
+  if [ ! -x "$TOOLS_DIR/bin/promtool" ]; then
+    log "promtool: from Debian's prometheus package (extracted, not installed)"
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"  # apt's sandbox user must be able to write the .deb here
+    (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1 \
+      && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool)
+    mkdir -p "$TOOLS_DIR/bin"
+    mv "$tmp/usr/bin/promtool" "$TOOLS_DIR/bin/promtool"
+    rm -rf "$tmp"
+  fi
+  OPENAI_NPM_VERSION=6.30.1  # pinned; 7.x needs Node >= 22
+  if [ ! -f "$TOOLS_DIR/node/node_modules/openai/package.json" ] \
+    || ! grep -q "\"version\": \"$OPENAI_NPM_VERSION\"" "$TOOLS_DIR/node/node_modules/openai/package.json"; then
+    log "openai npm package $OPENAI_NPM_VERSION into $TOOLS_DIR/node"
+    mkdir -p "$TOOLS_DIR/node"
+    npm install --prefix "$TOOLS_DIR/node" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION" >/dev/null
+  fi
+fi
 
 export CCACHE_DIR=${CCACHE_DIR:-$BUILD_DIR/.ccache}
 log "building in $BUILD_DIR"
