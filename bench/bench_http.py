@@ -31,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import troupe_procs as procs  # noqa: E402
+
 peers = Path(os.environ.get("PEERS_DIR", "/tmp/troupe-peers"))
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="models/gpt2")
@@ -56,7 +59,7 @@ a = ap.parse_args()
 T = a.troupe
 work = Path(a.out or tempfile.mkdtemp(prefix="bench-http-"))
 work.mkdir(parents=True, exist_ok=True)
-ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+ENV = procs.ENV
 # 64 x (56-64 + 128) greedy, the peer-bench workload's shape; ids from troupe bench's seeded generator.
 WORKLOAD = ["--random-input-len", "60", "--range-ratio", "0.07", "--random-output-len", str(a.output_len),
             "--seed", "7"]
@@ -146,7 +149,7 @@ def summary(j):
             f"TPOT median {j['median_tpot_ms']:.1f} ms, completed {j['completed']}")
 
 
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+cpu = procs.cpu_name()
 log(f"CPU: {cpu}; {os.cpu_count()} CPUs; {a.threads} threads per server; {a.reps} reps; results in {work}")
 phases = a.phases.split(",")
 results = {"cpu": cpu}
@@ -181,13 +184,11 @@ if "cpu" in phases:
     # per 1000 output tokens, for the same load through each front, alternating.
     load = FRONT_LOAD
     t = Troupe("cpu")
-    tick = os.sysconf("SC_CLK_TCK")
 
     def head_cpu():
-        f = open(f"/proc/{t.p.pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / tick
+        return procs.cpu_seconds(t.p.pid)
 
-    cpu = {"zmq": [], "http": []}
+    cost = {"zmq": [], "http": []}
     try:
         bench(["--base-url", t.url], "cpu-warmup", load)
         for rep in range(a.reps * 2):
@@ -197,16 +198,16 @@ if "cpu" in phases:
                 h1, c1 = head_cpu(), os.times()
                 k = j["total_output_tokens"] / 1000
                 client = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) / k
-                cpu[v].append({"head_s_per_1k": (h1 - h0) / k, "client_s_per_1k": client,
+                cost[v].append({"head_s_per_1k": (h1 - h0) / k, "client_s_per_1k": client,
                                "tok_s": j["output_throughput"]})
                 log(f"cpu {v}: head {(h1 - h0) / k:.3f} s, client {client:.3f} s per 1000 tokens, "
                     f"{j['output_throughput']:.1f} tok/s")
     finally:
         t.stop()
-    results["cpu"] = cpu
-    for v in cpu:
-        print(f"cpu {v}: head median {statistics.median(x['head_s_per_1k'] for x in cpu[v]):.3f} s, client "
-              f"median {statistics.median(x['client_s_per_1k'] for x in cpu[v]):.3f} s per 1000 output tokens")
+    results["cost"] = cost
+    for v in cost:
+        print(f"cpu {v}: head median {statistics.median(x['head_s_per_1k'] for x in cost[v]):.3f} s, client "
+              f"median {statistics.median(x['client_s_per_1k'] for x in cost[v]):.3f} s per 1000 output tokens")
 
 if "sweep" in phases:
     t = Troupe("sweep")
