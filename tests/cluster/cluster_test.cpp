@@ -516,6 +516,59 @@ TEST(Cluster, EmulatedWorkersJoinARealHeadAndServeJobs) {
   EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
 }
 
+// The simulator's fidelity, with the model's cost taken out of the question:
+// the worker is emulated with the very cost model the simulator uses, so what
+// is compared is the rest — the scheduler, the two steps in flight, the head
+// and the wire against their simulation — on the same request list (same
+// seed: same arrivals, lengths and forced outputs, same KV capacity). The
+// bound is loose (a loaded test machine delays the real head); the tight
+// comparison with a real model is bench/bench_fidelity.py's.
+TEST(Cluster, SimulateMatchesServeAndBenchWithAnEmulatedWorker) {
+  TempDir dir;
+  cluster::sim::CostProfile profile;
+  profile.device = "cpu";
+  profile.processor = "a test's made-up profile";
+  profile.kv_bytes_per_token = 4608;
+  profile.model.n_positions = 128;
+  profile.cost.knots = {1, 64, 256};
+  profile.cost.knot_ns = {20e6, 24e6, 40e6};  // steps of 20-40 ms: the head's ms are small beside them
+  const std::string cost = dir.file("cost.json");
+  cluster::sim::write_cost_profile(cost, profile);
+
+  const std::vector<std::string> workload = {"--num-requests", "24",  "--request-rate", "6",
+                                             "--random-input-len", "24", "--random-output-len", "16",
+                                             "--range-ratio", "0.5", "--seed", "3"};
+  Head head(dir, "head", {"--workers", "0"});
+  auto node = start_worker(dir, head, "emu", {"--workers", "1", "--emulate", cost});
+  ASSERT_TRUE(head.wait_workers(1)) << head.proc->log() << node->log();
+  std::string cmd = shell_quote(bin()) + " bench --to " + shell_quote(head.listen) + " --json " +
+                    shell_quote(dir.file("real.json"));
+  std::string sim = shell_quote(bin()) + " simulate --quiet --cost " + shell_quote(cost) +
+                    " --workers 1 --num-blocks 256 --json " + shell_quote(dir.file("sim.json"));
+  for (const auto& w : workload) {
+    cmd += " " + w;
+    sim += " " + w;
+  }
+  auto r = run_command(cmd);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto s = run_command(sim);
+  ASSERT_EQ(s.status, 0) << s.output;
+  const json real = json::parse(std::ifstream(dir.file("real.json")));
+  const json simulated = json::parse(std::ifstream(dir.file("sim.json")));
+  EXPECT_EQ(real["completed"], 24);
+  EXPECT_EQ(real["total_input_tokens"], simulated["total_input_tokens"]) << "the same request list";
+  EXPECT_EQ(real["total_output_tokens"], simulated["total_output_tokens"]) << "the same forced lengths";
+  const auto within = [&](const char* key, double tolerance) {
+    const double a = real[key].get<double>(), b = simulated[key].get<double>();
+    EXPECT_NEAR(b / a, 1.0, tolerance) << key << ": measured " << a << ", simulated " << b;
+  };
+  within("median_tpot_ms", 0.3);
+  within("output_throughput", 0.3);
+  within("median_e2el_ms", 0.3);
+  node->signal(SIGTERM);
+  EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
+}
+
 TEST(EmulatedWorker, TokensAreDeterministicAndNeverEos) {
   for (uint64_t seq = 1; seq < 50; ++seq) {
     for (int32_t pos = 0; pos < 200; ++pos) {
