@@ -22,7 +22,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,13 +39,11 @@ ap.add_argument("--out", default=None)
 a = ap.parse_args()
 
 T = a.troupe
-work = Path(a.out or tempfile.mkdtemp(prefix="bench-cluster-"))
-work.mkdir(parents=True, exist_ok=True)
+work = procs.work_dir(a.out, "bench-cluster-")
 ENV = procs.ENV
 
 
-def log(*x):
-    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+log = procs.log
 
 
 rng = random.Random(7)

@@ -14,9 +14,7 @@ sees more traffic per worker. Name the CPU beside the numbers: the head and the 
 """
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,19 +37,12 @@ ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
-work = Path(a.out or tempfile.mkdtemp(prefix="bench-emulated-"))
-work.mkdir(parents=True, exist_ok=True)
+work = procs.work_dir(a.out, "bench-emulated-")
 
 
-def log(*x):
-    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+log = procs.log
 
-
-def run(cmd):
-    r = subprocess.run(cmd, env=procs.ENV, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
-    return r
+run = procs.run
 
 
 # The simulator takes the profile's times; the emulated workers multiply them by --time-scale: a scaled copy

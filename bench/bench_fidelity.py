@@ -14,10 +14,7 @@ at once). Run from the project root after scripts/setup.sh; name the CPU beside 
 """
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,19 +35,12 @@ ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
-work = Path(a.out or tempfile.mkdtemp(prefix="bench-fidelity-"))
-work.mkdir(parents=True, exist_ok=True)
+work = procs.work_dir(a.out, "bench-fidelity-")
 
 
-def log(*x):
-    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+log = procs.log
 
-
-def run(cmd):
-    r = subprocess.run(cmd, env=procs.ENV, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
-    return r
+run = procs.run
 
 
 threads = max(1, (len(__import__("os").sched_getaffinity(0)) // a.workers))

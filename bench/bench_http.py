@@ -27,7 +27,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -57,8 +56,7 @@ ap.add_argument("--out", default=None)
 a = ap.parse_args()
 
 T = a.troupe
-work = Path(a.out or tempfile.mkdtemp(prefix="bench-http-"))
-work.mkdir(parents=True, exist_ok=True)
+work = procs.work_dir(a.out, "bench-http-")
 ENV = procs.ENV
 # 64 x (56-64 + 128) greedy, the peer-bench workload's shape; ids from troupe bench's seeded generator.
 WORKLOAD = ["--random-input-len", "60", "--range-ratio", "0.07", "--random-output-len", str(a.output_len),
@@ -69,8 +67,7 @@ FRONT_LOAD = ["--num-requests", str(a.front_requests), "--request-rate", "inf",
               "--random-output-len", str(a.front_output), "--seed", "7"]
 
 
-def log(*x):
-    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+log = procs.log
 
 
 def free_port():

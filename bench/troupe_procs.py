@@ -4,10 +4,31 @@ import json
 import os
 import re
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+
+
+def log(*x):
+    print(time.strftime("%H:%M:%S"), *x, file=sys.stderr, flush=True)
+
+
+def run(cmd):
+    """Runs a command to completion; exits the bench with its output if it fails."""
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def work_dir(out, prefix):
+    """The folder for a bench's files: `out`, or a fresh temporary one."""
+    work = Path(out or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
 
 
 def cpu_name():
