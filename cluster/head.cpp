@@ -9,6 +9,7 @@
 #include "actors/batcher_actor.hpp"
 #include "actors/router_actor.hpp"
 #include "actors/worker_actor.hpp"
+#include "cluster/control_plane.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/http_front.hpp"
 #include "cluster/metrics_collector.hpp"
@@ -75,14 +76,10 @@ int run_head(const HeadOptions& o) {
   }
 
   caf::actor_system_config caf_cfg;
-  caf_cfg.set("scheduler.max-threads", 2);  // message handling only: forward passes run on detached workers
-  caf_cfg.set("logger.verbosity", caf::atom("quiet"));
+  configure_control_plane(caf_cfg, 2);
   caf::actor_system sys{caf_cfg};
 
-  transport::LoopOptions lo;
-  lo.max_frame_bytes = o.max_frame_bytes;
-  if (o.quiet) lo.log = [](const std::string&) {};
-  transport::SocketLoop loop(lo);
+  transport::SocketLoop loop(loop_options(o.max_frame_bytes, o.quiet));
   transport::SocketOptions front_opts;
   front_opts.role = transport::SocketOptions::Role::kServer;
   front_opts.endpoint = o.listen;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "actors/worker_actor.hpp"
+#include "cluster/control_plane.hpp"
 #include "cluster/emulated_worker.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/model_worker.hpp"
@@ -245,13 +246,9 @@ int run_node(const NodeOptions& o) {
   }
 
   caf::actor_system_config caf_cfg;
-  caf_cfg.set("scheduler.max-threads", 1);
-  caf_cfg.set("logger.verbosity", caf::atom("quiet"));
+  configure_control_plane(caf_cfg, 1);
   caf::actor_system sys{caf_cfg};
-  transport::LoopOptions lo;
-  lo.max_frame_bytes = o.max_frame_bytes;
-  if (o.quiet) lo.log = [](const std::string&) {};
-  transport::SocketLoop loop(lo);
+  transport::SocketLoop loop(loop_options(o.max_frame_bytes, o.quiet));
   transport::SocketOptions so;
   so.role = transport::SocketOptions::Role::kClient;
   so.endpoint = o.join;
