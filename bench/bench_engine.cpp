@@ -202,7 +202,7 @@ void bench_prefix_cache(const model::Gpt2& gpt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  model::ensure_passive_openmp(argc, argv);
+  model::init_numerics_process(argc, argv);
   bool quick = false;
   model::ThreadOptions threads;
   for (int i = 1; i < argc; ++i) {

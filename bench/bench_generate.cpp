@@ -64,7 +64,7 @@ double floor_ms(const Gpt2Weights& w, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argc, argv);
+  init_numerics_process(argc, argv);
   bool quick = false;
   ThreadOptions threads;
   for (int i = 1; i < argc; ++i) {

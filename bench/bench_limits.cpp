@@ -63,7 +63,7 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argc, argv);
+  init_numerics_process(argc, argv);
   ThreadOptions threads;
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)

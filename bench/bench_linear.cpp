@@ -59,7 +59,7 @@ constexpr int kShapeCount = 5;
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argc, argv);
+  init_numerics_process(argc, argv);
   ThreadOptions threads;
   int reps = 0;
   bool per_shape = false;

@@ -183,7 +183,7 @@ void bench_decode(int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argc, argv);
+  init_numerics_process(argc, argv);
   bool attention_only = false;
   int iters = 20;
   for (int i = 1; i < argc; ++i) {

@@ -242,7 +242,7 @@ void bench_blas(int cpus, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  model::ensure_passive_openmp(argc, argv);
+  model::init_numerics_process(argc, argv);
   Workload wl;
   int cpus = model::usable_cpus(), reps = 5;
   for (int i = 1; i < argc; ++i) {

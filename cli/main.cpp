@@ -11,7 +11,7 @@
 #include "model/threading.hpp"
 
 int main(int argc, char** argv) {
-  troupe::model::ensure_passive_openmp(argc, argv);
+  troupe::model::init_numerics_process(argc, argv);
 
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);

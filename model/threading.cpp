@@ -1,10 +1,12 @@
 #include "model/threading.hpp"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -38,6 +40,8 @@ int env_int(const char* name) {
   return (end && *end == '\0' && n > 0 && n < 4096) ? static_cast<int>(n) : 0;
 }
 
+std::atomic<bool> g_malloc_tuned{false};
+
 }  // namespace
 
 std::vector<ThreadBudget> split_thread_budget(int cpus, int workers) {
@@ -65,13 +69,25 @@ void apply_thread_budget(const ThreadBudget& budget) {
   set_blas_threads(budget.blas_threads);
 }
 
-void ensure_passive_openmp(int argc, char** argv) {
+void init_numerics_process(int argc, char** argv) {
   (void)argc;
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed (no /proc?): libgomp keeps its default; do not claim otherwise.
-  unsetenv("OMP_WAIT_POLICY");
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+    // exec failed (no /proc?): libgomp keeps its default; do not claim otherwise.
+    unsetenv("OMP_WAIT_POLICY");
+  }
+  tune_malloc();
+}
+
+bool tune_malloc() {
+  const char* v = std::getenv("TROUPE_MALLOC");
+  if (v != nullptr && std::string(v) == "default") return false;
+  // Both calls fail only for out-of-range values; these are in range.
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  g_malloc_tuned = mmap_ok && trim_ok;
+  return g_malloc_tuned;
 }
 
 void configure_threads(const ThreadOptions& options) {
@@ -90,7 +106,7 @@ const char* thread_summary() {
   if (c.quota > 0) std::snprintf(quota, sizeof quota, "quota %.2f", c.quota);
   s = "cpus=" + std::to_string(c.usable) + " (affinity " + std::to_string(c.affinity) + ", " + quota +
       ") omp=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
-      " omp_wait_policy=" + (wp && *wp ? wp : "unset");
+      " omp_wait_policy=" + (wp && *wp ? wp : "unset") + " malloc=" + (g_malloc_tuned ? "tuned" : "default");
   return s.c_str();
 }
 

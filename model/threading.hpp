@@ -13,7 +13,7 @@
 //   worker's. apply_thread_budget() forces that first copy, then sets the
 //   team size directly.
 // - OpenBLAS's thread count is one per process.
-// - OMP_WAIT_POLICY is read once, when libgomp is loaded: ensure_passive_openmp()
+// - OMP_WAIT_POLICY is read once, when libgomp is loaded: init_numerics_process()
 //   re-executes the program with it set.
 
 #include <vector>
@@ -47,16 +47,31 @@ std::vector<ThreadBudget> split_thread_budget(int cpus, int workers);
 // Throws std::invalid_argument if a count is < 1.
 void apply_thread_budget(const ThreadBudget& budget);
 
-// Call first thing in main(). Returns only if no re-exec was needed or it
-// failed. A user's own OMP_WAIT_POLICY is respected.
-void ensure_passive_openmp(int argc, char** argv);
+// Call first thing in main(). Re-executes the program with
+// OMP_WAIT_POLICY=PASSIVE unless the user set one (returns only if no re-exec
+// was needed or it failed), then tunes malloc for forward passes
+// (tune_malloc).
+void init_numerics_process(int argc, char** argv);
+
+// Keeps glibc from handing each step's activations back to the kernel and
+// faulting them in again, zeroed, on the next step: a forward pass allocates
+// and frees the same few MiB-sized tensors every step; by default glibc serves
+// the larger ones with fresh mmaps (and trims the heap top when they are
+// freed), so every step pays page faults and the kernel's page zeroing
+// (docs/threading.md has the measurement). Sets M_MMAP_THRESHOLD to glibc's
+// largest (32 MiB: the model and the KV pool, larger, still get their own
+// mappings) and M_TRIM_THRESHOLD to 1 GiB. The cost: memory freed by a step
+// stays in the process for the next one (its peak activations, tens of MiB).
+// TROUPE_MALLOC=default leaves glibc's defaults (for measuring). Returns
+// whether it tuned.
+bool tune_malloc();
 
 // One worker in the process: applies the options on the calling thread and
 // makes them ATen's process-wide default. Reads TROUPE_THREADS when
 // intra_op_threads is 0.
 void configure_threads(const ThreadOptions& options);
 
-// "cpus=2 (affinity 2, no quota) omp=2 blas=2 omp_wait_policy=PASSIVE" for
+// "cpus=2 (affinity 2, no quota) omp=2 blas=2 omp_wait_policy=PASSIVE malloc=tuned" for
 // logs and bench headers; omp is the calling thread's team size.
 const char* thread_summary();
 

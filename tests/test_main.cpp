@@ -15,7 +15,7 @@ extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1"; 
 #endif
 
 int main(int argc, char** argv) {
-  troupe::model::ensure_passive_openmp(argc, argv);
+  troupe::model::init_numerics_process(argc, argv);
   troupe::model::configure_threads({});
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
