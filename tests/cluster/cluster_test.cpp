@@ -41,9 +41,9 @@ std::vector<json> read_jsonl(const std::string& path) {
 // Jobs of every kind: greedy and seeded sampled (explicit seeds, so the
 // output does not depend on who drew a seed), text and id prompts, lengths
 // forced with ignore_eos.
-void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed) {
+void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed, int min_tokens = 4) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> len(4, max_tokens);
+  std::uniform_int_distribution<int> len(min_tokens, max_tokens);
   std::ofstream out(path);
   const char* words[] = {"The", "cluster", "serves", "tokens", "quickly", "and", "well", "today"};
   for (int i = 0; i < n; ++i) {
@@ -345,7 +345,9 @@ TEST(Cluster, CurveKeysAdmitOnlyAllowedClientsAndWorkers) {
 TEST(Cluster, SigtermFinishesInFlightJobsThenExitsZero) {
   TempDir dir;
   const std::string jobs = dir.file("jobs.jsonl");
-  write_jobs(jobs, 12, 60, 5);
+  // Long jobs (90-100 tokens, ~100 steps), so that some are surely running
+  // when the signal comes; the signal waits until the head has accepted all 12.
+  write_jobs(jobs, 12, 100, 5, 90);
   const auto ref = reference(dir, jobs);
   Head head(dir, "head", {"--workers", "1"});
   ASSERT_TRUE(head.wait_workers(1));
@@ -353,7 +355,7 @@ TEST(Cluster, SigtermFinishesInFlightJobsThenExitsZero) {
   ASSERT_TRUE(eventually(
       [&] {
         auto s = head.status();
-        return s && s->requests_running >= 12;
+        return s && s->requests_running >= 1 && s->requests_served + s->requests_running >= 12;
       },
       seconds(120)));
   head.proc->signal(SIGTERM);
