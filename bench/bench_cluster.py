@@ -9,8 +9,9 @@ Alternating within each repetition:
   serve1x2  `troupe serve --workers 1 --threads-per-worker 2` + submit
 Reports output tokens/s of each and the ratios serve1/batch (target >= 0.95) and serve2x1/serve1x2
 (target >= 0.9); the worker idle fraction idle / (busy + idle) from `troupe status --json` after each serve run
-(target < 2%); and time to first token at low load: one short job at a time, through submit (client-measured
-first token) vs `troupe generate --mode paged --json` (the engine alone), target <= 2 ms added.
+(target < 2%); and time to first token at low load: one 8-token job at a time through `troupe bench --to`
+(client-measured on a warm connection) minus the worker's own time for that step (the engine alone, the same
+forward pass and sampling), target <= 2 ms added.
 
 usage: bench/bench_cluster.py [--model models/gpt2] [--reps 3] [--jobs 64] [--max-tokens 128] [--out DIR]
 Run from the project root after scripts/setup.sh. The numbers are this machine's: name its CPU beside them.
@@ -36,6 +37,7 @@ ap.add_argument("--jobs", type=int, default=64)
 ap.add_argument("--max-tokens", type=int, default=128)
 ap.add_argument("--ttft-reps", type=int, default=10)
 ap.add_argument("--out", default=None)
+ap.add_argument("--ttft-only", action="store_true", help="only the time-to-first-token part")
 a = ap.parse_args()
 
 T = a.troupe
@@ -88,26 +90,26 @@ def run_serve(extra, tag):
         h.stop()
 
 
-def ttft_alone():
-    vals = []
-    for i in range(a.ttft_reps):
-        r = subprocess.run([T, "generate", "--model", a.model, "--prompt", f"Time to first token, try {i}",
-                            "--max-tokens", "1", "--mode", "paged", "--json"], env=ENV, capture_output=True,
-                           text=True, check=True)
-        vals.append(json.loads(r.stdout)["timing"]["prefill_ms"])
-    return statistics.median(vals)
-
-
-def ttft_served():
-    h = Head(["--workers", "1"], "ttft")
+def ttft_served(rate):
+    """One 8-token prompt -> 1 token at a time, `rate` requests/s, through `troupe bench` on one warm
+    connection. Returns (client TTFT samples, the worker's own step time per request): the step (the engine
+    alone: model + sampling, as the worker times it) is the worker's busy time over these requests / N, each
+    request being exactly one step."""
+    h = Head(["--workers", "1"], f"ttft-{rate}")
     try:
-        vals = []
-        for i in range(a.ttft_reps):
-            r = subprocess.run([T, "submit", "--to", h.to, "--prompt", f"Time to first token, try {i}",
-                                "--max-tokens", "1", "--json", "--quiet"], env=ENV, capture_output=True, text=True,
-                               check=True)
-            vals.append(json.loads(r.stdout)["timings"]["client_ttft_ms"])
-        return statistics.median(vals)
+        def bench(n, tag):
+            out = work / f"ttft-{rate}-{tag}.json"
+            subprocess.run([T, "bench", "--to", h.to, "--num-requests", str(n), "--request-rate", str(rate),
+                            "--max-concurrency", "1", "--random-input-len", "8", "--random-output-len", "1",
+                            "--seed", str(len(tag)), "--json", str(out), "--quiet"],
+                           env=ENV, capture_output=True, text=True, check=True)
+            return json.load(open(out))
+        bench(3, "warm")
+        before = h.status()["workers"]
+        res = bench(a.ttft_reps, "measured")
+        after = h.status()["workers"]
+        busy_ms = 1e3 * (sum(w["busy_s"] for w in after) - sum(w["busy_s"] for w in before))
+        return res["ttfts"], busy_ms / a.ttft_reps
     finally:
         h.stop()
 
@@ -116,7 +118,7 @@ cpu = procs.cpu_name()
 log(f"CPU: {cpu}; {os.cpu_count()} CPUs; workload {a.jobs} x (56-64 + {a.max_tokens}) greedy; {a.reps} reps")
 res = {"batch": [], "serve1": [], "serve2x1": [], "serve1x2": [], "idle1": [], "idle2x1": []}
 ref = None
-for rep in range(a.reps):
+for rep in range(0 if a.ttft_only else a.reps):
     tps, out = run_batch(rep)
     res["batch"].append(tps)
     ref = ref or [json.loads(l)["ids"] for l in open(out)]
@@ -133,16 +135,22 @@ for rep in range(a.reps):
 
 med = {k: statistics.median(v) for k, v in res.items() if v}
 rng_ = {k: (min(v), max(v)) for k, v in res.items() if v}
-t_alone, t_served = ttft_alone(), ttft_served()
+ttft = {rate: ttft_served(rate) for rate in (2, 20)}
 print(f"CPU: {cpu} ({os.cpu_count()} CPUs)")
-print(f"{'run':<10} {'output tok/s median':>20} {'range':>20}")
-for k in ("batch", "serve1", "serve2x1", "serve1x2"):
-    print(f"{k:<10} {med[k]:20.1f} {rng_[k][0]:9.1f}-{rng_[k][1]:<9.1f}")
-print(f"serve1 / batch       = {med['serve1'] / med['batch']:.3f}   (target >= 0.95)")
-print(f"serve2x1 / serve1x2  = {med['serve2x1'] / med['serve1x2']:.3f}   (target >= 0.9)")
-print(f"worker idle fraction = {100 * med['idle1']:.2f}% (1 worker), {100 * med['idle2x1']:.2f}% (2 workers)"
-      f"   (target < 2%)")
-print(f"TTFT at low load: engine alone {t_alone:.1f} ms, through serve + submit {t_served:.1f} ms, "
-      f"added {t_served - t_alone:+.1f} ms   (target <= 2 ms)")
-json.dump({"cpu": cpu, "runs": res, "ttft_alone_ms": t_alone, "ttft_served_ms": t_served},
+if not a.ttft_only:
+    print(f"{'run':<10} {'output tok/s median':>20} {'range':>20}")
+    for k in ("batch", "serve1", "serve2x1", "serve1x2"):
+        print(f"{k:<10} {med[k]:20.1f} {rng_[k][0]:9.1f}-{rng_[k][1]:<9.1f}")
+    print(f"serve1 / batch       = {med['serve1'] / med['batch']:.3f}   (target >= 0.95)")
+    print(f"serve2x1 / serve1x2  = {med['serve2x1'] / med['serve1x2']:.3f}   (target >= 0.9)")
+    print(f"worker idle fraction = {100 * med['idle1']:.2f}% (1 worker), {100 * med['idle2x1']:.2f}% (2 workers)"
+          f"   (target < 2%)")
+for rate, (ttfts, step_ms) in ttft.items():
+    ttfts_ms = [1e3 * t for t in ttfts]
+    print(f"TTFT at {rate} req/s, one at a time: client median {statistics.median(ttfts_ms):.2f} ms, "
+          f"mean {statistics.mean(ttfts_ms):.2f} ms; the worker's step (engine alone) {step_ms:.2f} ms/request; "
+          f"added by router, batcher, actors and ZeroMQ {statistics.mean(ttfts_ms) - step_ms:+.2f} ms"
+          f"   (target <= 2 ms)")
+json.dump({"cpu": cpu, "runs": res, "ttft": {str(r): {"client_ttfts_s": t, "worker_step_ms": m}
+                                             for r, (t, m) in ttft.items()}},
           open(work / "bench_cluster.json", "w"), indent=1)
