@@ -34,6 +34,19 @@ struct RanksBefore {
   bool operator()(int32_t a, int32_t b) const { return l[a] > l[b] || (l[a] == l[b] && a < b); }
 };
 
+// Largest of x[0, 64): independent lanes, so the compiler vectorises it
+// and no chain of dependent comparisons sets the pace.
+float chunk_max(const float* x) {
+  constexpr int kLanes = 16;
+  float m[kLanes];
+  for (int j = 0; j < kLanes; ++j) m[j] = x[j];
+  for (int k = kLanes; k < 64; k += kLanes)
+    for (int j = 0; j < kLanes; ++j) m[j] = x[k + j] > m[j] ? x[k + j] : m[j];
+  float best = m[0];
+  for (int j = 1; j < kLanes; ++j) best = m[j] > best ? m[j] : best;
+  return best;
+}
+
 // The n best ids in rank order (n <= vocab).
 void top_ids(const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out) {
   const RanksBefore before{l};
@@ -47,12 +60,22 @@ void top_ids(const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out
     for (; i < n; ++i) out.push_back(i);
     std::make_heap(out.begin(), out.end(), before);
     float worst = l[out.front()];
-    for (; i < vocab; ++i) {
-      if (l[i] < worst || !before(i, out.front())) continue;
-      std::pop_heap(out.begin(), out.end(), before);
-      out.back() = i;
-      std::push_heap(out.begin(), out.end(), before);
-      worst = l[out.front()];
+    constexpr int32_t kChunk = 64;
+    while (i < vocab) {
+      // A chunk whose largest logit is below the worst kept one changes
+      // nothing: one vectorisable max instead of a comparison per id.
+      const int32_t end = static_cast<int32_t>(std::min<int64_t>(vocab, int64_t{i} + kChunk));
+      if (end - i == kChunk && chunk_max(l + i) < worst) {
+        i = end;
+        continue;
+      }
+      for (; i < end; ++i) {
+        if (l[i] < worst || !before(i, out.front())) continue;
+        std::pop_heap(out.begin(), out.end(), before);
+        out.back() = i;
+        std::push_heap(out.begin(), out.end(), before);
+        worst = l[out.front()];
+      }
     }
     std::sort_heap(out.begin(), out.end(), before);
     return;

@@ -47,8 +47,9 @@ struct SamplerKernels {
   // noise(key, id); when `allow` is non-null only ids with allow[id] <
   // allow_below are candidates. Returns the highest score, lowest id on a
   // tie. `start` (a candidate position, or -1) is scored first: the bound
-  // that prunes the rest (kGumbelNoiseMax), so a peaked row costs few noise
-  // evaluations.
+  // that prunes the rest (kGumbelNoiseMax on the logits, and the hashed bits
+  // of each block's ids against the noise they would need), so peaked and
+  // flat rows both cost few noise evaluations.
   GumbelWinner (*gumbel_argmax)(const float* x, const int32_t* ids, int64_t n, float shift, float inv_t,
                                 uint64_t key, const int32_t* allow, int32_t allow_below, int64_t start);
   // The Gumbel noise of token `id` in the row keyed `key` (the same value

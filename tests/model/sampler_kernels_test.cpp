@@ -171,6 +171,37 @@ TEST_P(SamplerVariant, PrunedGumbelMaxIsTheFullOne) {
   EXPECT_EQ(rows, 48);
 }
 
+// The bits bound (noise_k_bound) skips only ids that cannot win or tie: on
+// flat rows, where it skips the most, many keys give the brute force's
+// winner and score bits; also with exact ties (every logit equal) and tiny
+// temperatures.
+TEST_P(SamplerVariant, BitsBoundSkipsOnlyLosers) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  const SamplerKernels& k = sampler_kernels(isa);
+  const int64_t n = 50257;
+  const auto flat = gaussian_logits(n, 0.05f, 79);
+  const std::vector<float> equal(n, 1.5f);
+  int64_t evaluated = 0, rows = 0;
+  for (const auto* row : {&flat, &equal}) {
+    const LogitScan s = k.scan(row->data(), n);
+    for (float t : {1.0f, 0.3f, 0.01f}) {
+      for (uint64_t key = 1; key <= 24; ++key) {
+        const uint64_t kk = key * 0x9E3779B97F4A7C15ull;
+        SCOPED_TRACE("T " + std::to_string(t) + " key " + std::to_string(kk));
+        const GumbelWinner got =
+            k.gumbel_argmax(row->data(), nullptr, n, s.max, 1.0f / t, kk, nullptr, 0, s.argmax);
+        const GumbelWinner want = brute_force(k, row->data(), nullptr, n, s.max, 1.0f / t, kk, nullptr, 0);
+        ASSERT_EQ(got.index, want.index);
+        ASSERT_TRUE(same_bits(got.score, want.score));
+        evaluated += got.evaluated;
+        ++rows;
+      }
+    }
+  }
+  EXPECT_LT(evaluated, rows * n / 10);  // the bound did skip (else this test checks nothing new)
+}
+
 TEST_P(SamplerVariant, PeakedRowsComputeLittleNoise) {
   const CpuIsa isa = GetParam();
   TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
@@ -182,11 +213,13 @@ TEST_P(SamplerVariant, PeakedRowsComputeLittleNoise) {
   GumbelWinner w = k.gumbel_argmax(row.data(), nullptr, n, s.max, 1.0f, 5, nullptr, 0, s.argmax);
   EXPECT_EQ(w.index, 31337);
   EXPECT_LE(w.evaluated, 1 + 64);  // the start, and the one block of 64 holding it
-  // Near-uniform logits: nothing can be pruned, every id is scored.
+  // Near-uniform logits: no logit is out of the noise's reach, but once the
+  // best score is ~log(n), an id needs noise that only ~1 in 10^4 hashed bit
+  // patterns give, so the bits bound skips nearly every block.
   const auto flat = gaussian_logits(n, 0.05f, 78);
   const LogitScan f = k.scan(flat.data(), n);
   w = k.gumbel_argmax(flat.data(), nullptr, n, f.max, 1.0f, 5, nullptr, 0, f.argmax);
-  EXPECT_GE(w.evaluated, n);
+  EXPECT_LT(w.evaluated, n / 20);
   // A trained model's row at T = 0.7: a handful of ids within reach.
   auto zipf = std::vector<float>(n);
   for (int64_t i = 0; i < n; ++i) zipf[i] = -1.1f * std::log(static_cast<float>((i * 7919) % n + 1)) * 3.0f;
