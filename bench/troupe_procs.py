@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", GOMP_SPINCOUNT="3000")  # troupe's policy: model/threading.hpp
 
 
 def log(*x):

@@ -72,10 +72,13 @@ void apply_thread_budget(const ThreadBudget& budget) {
 void init_numerics_process(int argc, char** argv) {
   (void)argc;
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    const bool own_spin = std::getenv("GOMP_SPINCOUNT") == nullptr;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    if (own_spin) setenv("GOMP_SPINCOUNT", kGompSpinCount, 1);
     execv("/proc/self/exe", argv);
     // exec failed (no /proc?): libgomp keeps its default; do not claim otherwise.
     unsetenv("OMP_WAIT_POLICY");
+    if (own_spin) unsetenv("GOMP_SPINCOUNT");
   }
   tune_malloc();
 }
@@ -102,11 +105,13 @@ const char* thread_summary() {
   static thread_local std::string s;
   const CpuCount c = count_cpus();
   const char* wp = std::getenv("OMP_WAIT_POLICY");
+  const char* sc = std::getenv("GOMP_SPINCOUNT");
   char quota[32] = "no quota";
   if (c.quota > 0) std::snprintf(quota, sizeof quota, "quota %.2f", c.quota);
   s = "cpus=" + std::to_string(c.usable) + " (affinity " + std::to_string(c.affinity) + ", " + quota +
       ") omp=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
-      " omp_wait_policy=" + (wp && *wp ? wp : "unset") + " malloc=" + (g_malloc_tuned ? "tuned" : "default");
+      " omp_wait_policy=" + (wp && *wp ? wp : "unset") + " gomp_spincount=" + (sc && *sc ? sc : "unset") +
+      " malloc=" + (g_malloc_tuned ? "tuned" : "default");
   return s.c_str();
 }
 

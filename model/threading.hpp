@@ -47,9 +47,17 @@ std::vector<ThreadBudget> split_thread_budget(int cpus, int workers);
 // Throws std::invalid_argument if a count is < 1.
 void apply_thread_budget(const ThreadBudget& budget);
 
-// Call first thing in main(). Re-executes the program with
-// OMP_WAIT_POLICY=PASSIVE unless the user set one (returns only if no re-exec
-// was needed or it failed), then tunes malloc for forward passes
+// libgomp's spin before a PASSIVE thread sleeps, as the policy sets it: a
+// few microseconds, enough to carry a team across the short gaps between the
+// parallel regions of one forward pass, never across the gaps between steps
+// (docs/threading.md has the measurement).
+inline constexpr const char* kGompSpinCount = "3000";
+
+// Call first thing in main(). Unless the user set OMP_WAIT_POLICY, re-executes
+// the program with OMP_WAIT_POLICY=PASSIVE and (unless the user set it)
+// GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
+// returns only if no re-exec was needed or it failed. A user's own
+// OMP_WAIT_POLICY is kept as it is. Then tunes malloc for forward passes
 // (tune_malloc).
 void init_numerics_process(int argc, char** argv);
 
@@ -71,7 +79,7 @@ bool tune_malloc();
 // intra_op_threads is 0.
 void configure_threads(const ThreadOptions& options);
 
-// "cpus=2 (affinity 2, no quota) omp=2 blas=2 omp_wait_policy=PASSIVE malloc=tuned" for
+// "cpus=2 (affinity 2, no quota) omp=2 blas=2 omp_wait_policy=PASSIVE gomp_spincount=3000 malloc=tuned" for
 // logs and bench headers; omp is the calling thread's team size.
 const char* thread_summary();
 

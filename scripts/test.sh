@@ -30,7 +30,7 @@ mapfile -t targets < <(cmake --build "$ASAN_DIR" --target help | grep -oE '\b[a-
 log "building ${targets[*]} with -fsanitize=address,undefined in $ASAN_DIR"
 cmake --build "$ASAN_DIR" -j"$JOBS" --target "${targets[@]}"
 log "sanitizer build ready; running its tests"
-export OMP_WAIT_POLICY=PASSIVE ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=3000 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 mkdir -p "$ASAN_DIR/logs"
 # Tests with a wall-clock bound (named ...IsFast / ...IsCheap) cannot hold under ASan's slowdown.
 # HttpFront.* are http_tests' black-box tests (real serve processes, curl, node), like cli_tests: they ran

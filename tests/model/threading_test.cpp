@@ -327,6 +327,8 @@ TEST(ThreadBudget, BlasCountIsProcessWide) {
 TEST(ThreadBudget, TestsRunUnderTheShippedPolicy) {
   ASSERT_NE(std::getenv("OMP_WAIT_POLICY"), nullptr) << "test_main.cpp must re-exec with OMP_WAIT_POLICY set";
   EXPECT_HAS(thread_summary(), std::string("omp_wait_policy=") + std::getenv("OMP_WAIT_POLICY"));
+  ASSERT_NE(std::getenv("GOMP_SPINCOUNT"), nullptr) << "test_main.cpp or ctest must set GOMP_SPINCOUNT";
+  EXPECT_STREQ(std::getenv("GOMP_SPINCOUNT"), kGompSpinCount);
   EXPECT_HAS(thread_summary(), "cpus=" + std::to_string(usable_cpus()));
 }
 
