@@ -6,10 +6,11 @@ and output tokens/s within 10%.
 
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 64]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.85]
-                          [--num-blocks 2048] [--seed 1] [--out DIR]
+                          [--num-blocks 2048] [--seed 1] [--stat median|min] [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
-worker will have. --loads are fractions of the capacity the simulator finds for the cluster (all requests
+worker will have, each point's time the median of its runs (--stat median: a served step meets the same
+interference the profile's runs did; the minimum, `troupe profile`'s default, predicts a quiet machine). --loads are fractions of the capacity the simulator finds for the cluster (all requests
 at once). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
 """
 import argparse
@@ -32,6 +33,8 @@ ap.add_argument("--range-ratio", type=float, default=0.5)
 ap.add_argument("--loads", default="0.3,0.85")
 ap.add_argument("--num-blocks", type=int, default=2048)
 ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--stat", default="median", choices=["min", "median"],
+                help="a profile point's time from its runs: the median (what service sees, default) or the min")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -48,7 +51,7 @@ cost = a.cost
 if not cost:
     cost = str(work / "cost.json")
     log(f"profiling {a.model} with {threads} thread(s) -> {cost}")
-    print(run([T, "profile", "--model", a.model, "--threads", str(threads), "--out", cost]).stdout)
+    print(run([T, "profile", "--model", a.model, "--threads", str(threads), "--stat", a.stat, "--out", cost]).stdout)
 
 workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.input_len), "--random-output-len",
             str(a.output_len), "--range-ratio", str(a.range_ratio), "--seed", str(a.seed)]

@@ -100,7 +100,7 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--quick", f->options.quick, "A small grid (tests: under a minute on the tiny model)");
-  sub->add_option("--reps", f->options.reps, "Timed runs per point, the median kept (0 = 5, quick 3)")
+  sub->add_option("--reps", f->options.reps, "Timed runs per point, summarised by --stat (0 = 5, quick 3)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--heldout", f->options.heldout, "Random steps held out of the fit (0 = 40, quick 8)")
       ->check(CLI::NonNegativeNumber);
