@@ -109,16 +109,21 @@ struct Scratch {
 
 void gather(Scratch& sc, int b, int64_t vocab, const RanksBefore& before) {
   if (sc.gathered == b) return;
-  // Branch-free compaction: most ids are not in the bucket.
-  sc.members.resize(vocab + 1);
-  int32_t* out = sc.members.data();
+  // Most ids are not in the bucket: a vectorisable test per 16 keys, and a
+  // look at each id only in the chunks that hold one.
+  sc.members.clear();
   const int32_t* key = sc.key.data();
-  int64_t n = 0;
-  for (int32_t i = 0; i < vocab; ++i) {
-    out[n] = i;
-    n += key[i] == b;
+  constexpr int32_t kChunk = 16;
+  int32_t i = 0;
+  for (; i + kChunk <= vocab; i += kChunk) {
+    int32_t hit = 0;
+    for (int32_t j = 0; j < kChunk; ++j) hit |= static_cast<int32_t>(key[i + j] == b);
+    if (!hit) continue;
+    for (int32_t j = 0; j < kChunk; ++j)
+      if (key[i + j] == b) sc.members.push_back(i + j);
   }
-  sc.members.resize(n);
+  for (; i < vocab; ++i)
+    if (key[i] == b) sc.members.push_back(i);
   std::sort(sc.members.begin(), sc.members.end(), before);
   sc.gathered = b;
 }
