@@ -19,6 +19,7 @@ namespace {
 struct Item {
   int64_t seq, head, q_begin, q_end;  // rows [q_begin, q_end) of q, all of sequence `seq`
   int64_t cost;                       // query x key pairs, for longest-first ordering
+  int64_t heads = 1;                  // heads [head, head + heads) (decode items only)
 };
 
 void check_common(const PagedAttentionInput& in, const char* who) {
@@ -68,9 +69,17 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   torch::Tensor out = at::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
 
   const int64_t S = static_cast<int64_t>(in.context_lens.size());
+  // A decode row takes all its sequence's heads in one item (attend_heads
+  // streams each block once) when there are sequences enough to keep every
+  // thread busy; else one item per head, as a prefill tile.
+  const bool whole_decodes = S >= 2 * static_cast<int64_t>(at::get_num_threads());
   std::vector<Item> items;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q0 = in.query_start[s], q1 = in.query_start[s + 1], ctx = in.context_lens[s];
+    if (whole_decodes && q1 - q0 == 1 && H > 1) {
+      items.push_back({s, 0, q0, q1, H * ctx, H});
+      continue;
+    }
     for (int64_t t = q0; t < q1; t += kAttentionQueryTile) {
       const int64_t te = std::min(q1, t + kAttentionQueryTile);
       const int64_t last_pos = ctx - (q1 - (te - 1));
@@ -106,6 +115,9 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
     t.scale = scale;
     t.out = op + (it.q_begin * H + it.head) * D;
     t.out_stride = H * D;
+    t.heads = it.heads;
+    t.q_head_stride = qs1;
+    t.out_head_stride = D;
     attend(t, buf);
   };
 
@@ -114,7 +126,7 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_items));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    std::vector<float> buf(static_cast<size_t>(attention_scratch_floats(D, bs)));
+    std::vector<float> buf(static_cast<size_t>(attention_scratch_floats(D, bs, H)));
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) process(items[i], buf.data());
   });
   return out;

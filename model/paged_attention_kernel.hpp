@@ -32,12 +32,19 @@ struct AttentionTile {
   float scale;        // softmax scale
   float* out;         // row i's output at out + i * out_stride (head_dim floats)
   int64_t out_stride;
+  // A decode (rows == 1) may cover heads [head, head + heads): head head + h
+  // reads its query at q + h * q_head_stride and writes out + h *
+  // out_head_stride.
+  int64_t heads = 1;
+  int64_t q_head_stride = 0, out_head_stride = 0;
 };
 
-// Floats of scratch one call needs.
-inline int64_t attention_scratch_floats(int64_t head_dim, int64_t block_size) {
-  return 2 * kAttentionQueryTile * head_dim + block_size * kAttentionQueryTile + 2 * kAttentionQueryTile +
-         block_size;
+// Floats of scratch one call needs (a decode tile of up to `heads` heads).
+inline int64_t attention_scratch_floats(int64_t head_dim, int64_t block_size, int64_t heads = 1) {
+  const int64_t tile = 2 * kAttentionQueryTile * head_dim + block_size * kAttentionQueryTile +
+                       2 * kAttentionQueryTile + block_size;
+  const int64_t multi = 2 * heads * head_dim + 2 * heads + block_size;
+  return tile > multi ? tile : multi;
 }
 
 using AttendTileFn = void (*)(const AttentionTile& tile, float* scratch);
