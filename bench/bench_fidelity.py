@@ -10,8 +10,8 @@ and output tokens/s within 10%.
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
-interference the profile's runs did; the minimum, `troupe profile`'s default, predicts a quiet machine). --loads are fractions of the capacity the simulator finds for the cluster (all requests
-at once). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
+interference the profile's runs did; the minimum, `troupe profile`'s default, predicts a quiet machine).
+--loads are fractions of the capacity the simulator finds for the cluster (all requests at once). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
 """
 import argparse
 import json
