@@ -342,6 +342,39 @@ TEST(Cluster, CurveKeysAdmitOnlyAllowedClientsAndWorkers) {
   EXPECT_EQ(log.find("node 'intruder' joined"), std::string::npos) << log;
 }
 
+// --devices: one local worker per listed device. Two "cpu" entries make two
+// workers that serve like `troupe batch`; a device string torch does not know
+// and (on a machine without CUDA) a CUDA device are refused at start with a
+// message naming the device. Serving on a real cuda:N needs a GPU machine.
+TEST(Cluster, DevicesListMakesOneWorkerPerDevice) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 8, 12, 21);
+  const auto ref = reference(dir, jobs);
+  {
+    Head head(dir, "head", {"--devices", "cpu,cpu"});
+    ASSERT_TRUE(head.wait_workers(2));
+    const auto st = head.status();
+    ASSERT_TRUE(st);
+    ASSERT_EQ(st->workers.size(), 2u);
+    for (const auto& w : st->workers) EXPECT_EQ(w.device, "cpu");
+    auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+    ASSERT_EQ(submit->wait(seconds(120)), std::optional<int>(0)) << submit->log();
+    expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 8);
+  }
+  const std::string serve = "timeout 120 " + shell_quote(bin()) + " serve --model " + shell_quote(tiny_model_dir()) +
+                            " --listen tcp://127.0.0.1:* --worker-listen tcp://127.0.0.1:* --devices ";
+  auto bad = run_command(serve + "tpu:0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("'tpu:0' is not a torch device"), std::string::npos) << bad.output;
+  auto cuda = run_command(serve + "cuda:0");
+  EXPECT_NE(cuda.status, 0);  // refused, or (on a GPU machine) still serving when `timeout` stops it
+  if (cuda.status != 124) {
+    EXPECT_NE(cuda.output.find("device 'cuda:0': this build or machine has no CUDA"), std::string::npos)
+        << cuda.output;
+  }
+}
+
 TEST(Cluster, SigtermFinishesInFlightJobsThenExitsZero) {
   TempDir dir;
   const std::string jobs = dir.file("jobs.jsonl");
