@@ -1,6 +1,7 @@
 #include "cluster/http_front.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -377,6 +378,20 @@ actors::ClientSink HttpFront::sink() const {
   return [registry](const actors::Reply& r) { registry->deliver(r); };
 }
 
+ListenBacklog::ListenBacklog(httplib::Server& server, int backlog)
+    : fd_(std::make_shared<int>(-1)), backlog_(backlog) {
+  server.set_socket_options([fd = fd_](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    *fd = sock;  // the last socket tried is the one bound
+  });
+}
+
+void ListenBacklog::after_bind() const {
+  if (*fd_ < 0) throw std::runtime_error("the HTTP server's listening socket is unknown");
+  if (::listen(*fd_, backlog_) != 0) throw std::runtime_error("cannot raise the HTTP listen backlog");
+}
+
 void HttpFront::bind() {
   Impl& f = *impl_;
   const auto [host, port] = split_host_port(f.options.listen);
@@ -386,6 +401,7 @@ void HttpFront::bind() {
   f.server.set_keep_alive_timeout(f.options.keep_alive_s);
   f.server.set_payload_max_length(f.options.max_body_bytes);
   f.install_routes();
+  const ListenBacklog backlog(f.server);
   int bound = port;
   if (port == 0) {
     bound = f.server.bind_to_any_port(host);
@@ -393,6 +409,7 @@ void HttpFront::bind() {
   } else if (!f.server.bind_to_port(host, port)) {
     throw std::runtime_error("--http " + f.options.listen + ": cannot bind (in use, or not an address here)");
   }
+  backlog.after_bind();
   f.endpoint = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound);
 }
 

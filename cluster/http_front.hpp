@@ -29,6 +29,10 @@ namespace troupe::model {
 class Tokenizer;
 }
 
+namespace httplib {
+class Server;
+}
+
 namespace troupe::cluster {
 
 class MetricsCollector;
@@ -48,6 +52,28 @@ struct HttpOptions {
 // is not loopback and there is neither an api key nor `insecure`. An api
 // key authenticates but does not encrypt: put TLS in front for other hosts.
 void check_http_bind_security(const std::string& listen, bool has_api_key, bool insecure);
+
+// Debian's cpp-httplib is a compiled library (libcpp-httplib.so) that
+// listens with an accept backlog of 5 whatever CPPHTTPLIB_LISTEN_BACKLOG says
+// where it is included, and sets SO_REUSEPORT, so a second server on the same
+// port would bind too and take half of the connections. A burst of connects
+// (a client opening 16 streams at once) overflows 5: the kernel drops the
+// handshakes' last ACKs and the clients wait 1 s for a retransmission. This
+// sets SO_REUSEADDR alone (a port in use is an error; a restart is not), and
+// after_bind() raises the bound socket's backlog (listen again: Linux
+// updates the queue's length).
+class ListenBacklog {
+ public:
+  // Before binding `server`.
+  explicit ListenBacklog(httplib::Server& server, int backlog = 1024);
+  // After a successful bind; std::runtime_error if the socket is unknown or
+  // listen() fails.
+  void after_bind() const;
+
+ private:
+  std::shared_ptr<int> fd_;
+  int backlog_;
+};
 
 class HttpFront {
  public:

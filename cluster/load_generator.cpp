@@ -1,13 +1,9 @@
 #include "cluster/load_generator.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <numeric>
 #include <stdexcept>
-#include <thread>
 
 #include "cluster/client.hpp"
 #include "cluster/openai_client.hpp"
@@ -28,8 +24,8 @@ struct Run {
   std::vector<size_t> order;  // by arrival, stable
   Clock::time_point zero = Clock::now();
   std::vector<core::RequestTiming> out;
-  std::atomic<size_t> done{0}, in_flight{0};
-  std::atomic<int64_t> pieces{0};
+  size_t done = 0, in_flight = 0;  // one thread runs a load: no atomics
+  int64_t pieces = 0;
   Clock::time_point last_progress{};
 
   Run(const std::vector<LoadRequest>& r, const LoadOptions& o) : requests(r), options(o), out(r.size()) {
@@ -159,84 +155,66 @@ void run_zmq(Run& run) {
   }
 }
 
-// HTTP: a pool of threads, each one blocking streaming call at a time on its
-// own kept-alive connection; this thread releases requests at their times.
+// HTTP: every request in flight on this one thread (libcurl multi), each on
+// a kept-alive connection of its own; requests are released at their times.
 void run_http(Run& run) {
   const size_t n = run.requests.size();
   std::string model = run.options.model;
   if (model.empty()) {
-    OpenAiClient probe(run.options.base_url, run.options.api_key, std::chrono::seconds(30));
-    const auto ids = probe.models();
+    const auto ids = list_models(run.options.base_url, run.options.api_key);
     if (ids.empty()) throw std::runtime_error("GET /v1/models named no model: give --model");
     model = ids[0];
   }
-  const size_t threads = run.options.max_concurrency > 0
-                             ? std::min(n, static_cast<size_t>(run.options.max_concurrency))
-                             : std::min<size_t>(n, 1024);
-  std::mutex mu;
-  std::condition_variable cv;
+  // At most 1024 connections open at once, whatever the concurrency asked.
+  const size_t limit = run.options.max_concurrency > 0
+                           ? std::min(n, static_cast<size_t>(run.options.max_concurrency))
+                           : std::min<size_t>(n, 1024);
+  OpenAiStreams streams(
+      run.options.base_url, run.options.api_key, run.options.timeout, [&] { return run.now(); },
+      [&](size_t) { ++run.pieces; });
   std::deque<size_t> due;
-  bool released_all = false;
-  std::vector<std::thread> pool;
-  for (size_t k = 0; k < threads; ++k) {
-    pool.emplace_back([&] {
-      OpenAiClient http(run.options.base_url, run.options.api_key, run.options.timeout);
-      for (;;) {
-        size_t i;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return !due.empty() || released_all; });
-          if (due.empty()) return;
-          i = due.front();
-          due.pop_front();
-        }
-        const LoadRequest& q = run.requests[i];
-        json body{{"model", model},     {"max_tokens", q.max_tokens},
-                  {"temperature", 0.0}, {"ignore_eos", true},
-                  {"stream", true},     {"stream_options", {{"include_usage", true}}}};
-        if (q.prompt) {
-          body["prompt"] = *q.prompt;
-        } else {
-          body["prompt"] = q.prompt_ids;
-        }
-        core::RequestTiming& r = run.out[i];
-        ++run.in_flight;
-        r.start_ns = run.now();
-        StreamedCompletion c = http.stream(
-            body, [&] { return run.now(); }, [&] { ++run.pieces; });
-        r.end_ns = run.now();
-        r.token_ns = std::move(c.pieces);
-        if (c.prompt_tokens) r.prompt_tokens = *c.prompt_tokens;
-        r.output_tokens = c.completion_tokens ? *c.completion_tokens : q.max_tokens;
-        if (!c.error.empty()) {
-          r.success = false;
-          r.error = c.error;
-        }
-        --run.in_flight;
-        ++run.done;
-      }
-    });
-  }
-  for (size_t next = 0; next < n;) {
-    const auto t = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      while (next < n && run.due_at(run.order[next]) <= t) due.push_back(run.order[next++]);
-    }
-    cv.notify_all();
-    run.progress();
-    if (next < n) std::this_thread::sleep_until(std::min(run.due_at(run.order[next]), t + kProgressEvery));
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released_all = true;
-  }
-  cv.notify_all();
+  size_t next = 0;
   while (run.done < n) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto t = Clock::now();
+    while (next < n && run.due_at(run.order[next]) <= t) due.push_back(run.order[next++]);
+    while (!due.empty() && run.in_flight < limit) {
+      const size_t i = due.front();
+      due.pop_front();
+      const LoadRequest& q = run.requests[i];
+      json body{{"model", model},     {"max_tokens", q.max_tokens},
+                {"temperature", 0.0}, {"ignore_eos", true},
+                {"stream", true},     {"stream_options", {{"include_usage", true}}}};
+      if (q.prompt) {
+        body["prompt"] = *q.prompt;
+      } else {
+        body["prompt"] = q.prompt_ids;
+      }
+      ++run.in_flight;
+      run.out[i].start_ns = run.now();
+      streams.add({i, std::move(body)});
+    }
+    auto wait = std::chrono::milliseconds(50);
+    if (next < n && run.in_flight < limit) {
+      const auto until =
+          std::chrono::duration_cast<std::chrono::milliseconds>(run.due_at(run.order[next]) - t);
+      wait = std::clamp(until, std::chrono::milliseconds(0), wait);
+    }
+    for (auto& [i, c] : streams.poll(wait)) {
+      core::RequestTiming& r = run.out[i];
+      const LoadRequest& q = run.requests[i];
+      r.end_ns = run.now();
+      r.token_ns = std::move(c.pieces);
+      if (c.prompt_tokens) r.prompt_tokens = *c.prompt_tokens;
+      r.output_tokens = c.completion_tokens ? *c.completion_tokens : q.max_tokens;
+      if (!c.error.empty()) {
+        r.success = false;
+        r.error = c.error;
+      }
+      --run.in_flight;
+      ++run.done;
+    }
     run.progress();
   }
-  for (auto& t : pool) t.join();
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "cluster/openai_client.hpp"
 
-#include <httplib.h>
+#include <curl/curl.h>
 
+#include <algorithm>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace troupe::cluster {
 
@@ -54,112 +57,248 @@ std::string server_origin(const std::string& base_url) {
   return u;
 }
 
-OpenAiClient::OpenAiClient(const std::string& base_url, const std::string& api_key,
-                           std::chrono::seconds timeout)
-    : http_(std::make_unique<httplib::Client>(server_origin(base_url))), api_key_(api_key) {
-  if (!http_->is_valid()) throw std::invalid_argument("--base-url '" + base_url + "' is not a usable URL");
-  http_->set_tcp_nodelay(true);
-  http_->set_keep_alive(true);
-  http_->set_connection_timeout(std::chrono::seconds(10));
-  http_->set_read_timeout(timeout);
-  http_->set_write_timeout(std::chrono::seconds(30));
-  if (!api_key.empty()) http_->set_bearer_token_auth(api_key);
+namespace {
+
+void curl_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) throw std::runtime_error("curl_global_init failed");
+  });
 }
 
-OpenAiClient::~OpenAiClient() = default;
-
-StreamedCompletion OpenAiClient::stream(const json& body, const std::function<int64_t()>& now,
-                                        const std::function<void()>& on_piece) {
-  StreamedCompletion out;
-  SseParser parser;
-  std::string raw;  // the body of a non-200 answer
-  bool done = false;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Accept", "text/event-stream");
-  req.response_handler = [&](const httplib::Response& res) {
-    out.status = res.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (out.status != 200) {
-      raw.append(data, n);
-      return raw.size() < (1u << 20);
-    }
-    const int64_t t = now();
-    for (const std::string& ev : parser.feed(data, n)) {
-      if (ev == "[DONE]") {
-        done = true;
-        continue;
-      }
-      json j = json::parse(ev, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) {
-        out.error = "a chunk is not JSON: " + ev.substr(0, 200);
-        return false;
-      }
-      if (j.contains("error")) {
-        out.error = "server error in the stream: " + j["error"].dump();
-        continue;
-      }
-      if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
-        if (auto p = u->find("prompt_tokens"); p != u->end() && p->is_number_integer()) {
-          out.prompt_tokens = p->get<int32_t>();
-        }
-        if (auto p = u->find("completion_tokens"); p != u->end() && p->is_number_integer()) {
-          out.completion_tokens = p->get<int32_t>();
-        }
-      }
-      auto c = j.find("choices");
-      if (c == j.end() || !c->is_array() || c->empty()) continue;
-      const json& ch = (*c)[0];
-      if (auto f = ch.find("finish_reason"); f != ch.end() && f->is_string()) out.finish_reason = *f;
-      if (auto tx = ch.find("text");
-          tx != ch.end() && tx->is_string() && !tx->get_ref<const std::string&>().empty()) {
-        out.text += tx->get_ref<const std::string&>();
-        out.pieces.push_back(t);
-        if (on_piece) on_piece();
-      }
-    }
-    return true;
-  };
-  // A request the server never answered (no status line: a kept-alive
-  // connection the server had closed, or a connect dropped from a full
-  // accept backlog) is sent again on a new connection, twice at most; its
-  // time still counts from the first try.
-  bool sent = false;
-  httplib::Error err = httplib::Error::Success;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    httplib::Response res;
-    err = httplib::Error::Success;
-    sent = http_->send(req, res, err);
-    if (sent || out.status != 0 || !out.error.empty()) break;
-    ++out.retries;
+void read_usage(const json& u, StreamedCompletion& out) {
+  if (auto p = u.find("prompt_tokens"); p != u.end() && p->is_number_integer()) {
+    out.prompt_tokens = p->get<int32_t>();
   }
-  if (!sent && out.error.empty()) {
-    out.error = out.status == 0 ? "cannot reach the server: " + httplib::to_string(err)
-                                : "the stream broke: " + httplib::to_string(err);
-  } else if (out.status != 200 && out.error.empty()) {
-    json j = json::parse(raw, nullptr, false);
-    std::string m = raw.substr(0, 300);
-    if (!j.is_discarded() && j.contains("error") && j["error"].is_object() &&
-        j["error"].contains("message")) {
+  if (auto p = u.find("completion_tokens"); p != u.end() && p->is_number_integer()) {
+    out.completion_tokens = p->get<int32_t>();
+  }
+}
+
+}  // namespace
+
+bool CompletionStream::feed(int status, const char* data, size_t n, int64_t t,
+                            const std::function<void()>& on_piece) {
+  received_ = received_ || n > 0;
+  if (status != 200) {
+    raw_.append(data, n);
+    return raw_.size() < (1u << 20);
+  }
+  for (const std::string& ev : parser_.feed(data, n)) {
+    if (ev == "[DONE]") {
+      done_ = true;
+      continue;
+    }
+    json j = json::parse(ev, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      out_.error = "a chunk is not JSON: " + ev.substr(0, 200);
+      return false;
+    }
+    if (j.contains("error")) {
+      out_.error = "server error in the stream: " + j["error"].dump();
+      continue;
+    }
+    if (auto u = j.find("usage"); u != j.end() && u->is_object()) read_usage(*u, out_);
+    auto c = j.find("choices");
+    if (c == j.end() || !c->is_array() || c->empty()) continue;
+    const json& ch = (*c)[0];
+    if (auto f = ch.find("finish_reason"); f != ch.end() && f->is_string()) out_.finish_reason = *f;
+    if (auto tx = ch.find("text");
+        tx != ch.end() && tx->is_string() && !tx->get_ref<const std::string&>().empty()) {
+      out_.text += tx->get_ref<const std::string&>();
+      out_.pieces.push_back(t);
+      if (on_piece) on_piece();
+    }
+  }
+  return true;
+}
+
+StreamedCompletion CompletionStream::finish(int status, const std::string& transport_error) {
+  StreamedCompletion out = std::move(out_);
+  out.status = status;
+  if (!out.error.empty()) return out;  // what the body said comes first
+  if (!transport_error.empty()) {
+    out.error = status == 0 ? "cannot reach the server: " + transport_error
+                            : "the stream broke: " + transport_error;
+  } else if (status != 200) {
+    json j = json::parse(raw_, nullptr, false);
+    std::string m = raw_.substr(0, 300);
+    if (!j.is_discarded() && j.contains("error") && j["error"].is_object() && j["error"].contains("message")) {
       m = j["error"]["message"].dump();
     }
-    out.error = "HTTP " + std::to_string(out.status) + ": " + m;
-  } else if (out.error.empty() && !done) {
+    out.error = "HTTP " + std::to_string(status) + ": " + m;
+  } else if (!done_) {
     out.error = "the stream ended without [DONE]";
   }
   return out;
 }
 
-std::vector<std::string> OpenAiClient::models() {
-  auto res = http_->Get("/v1/models");
-  if (!res) throw std::runtime_error("GET /v1/models: " + httplib::to_string(res.error()));
-  if (res->status != 200) throw std::runtime_error("GET /v1/models: HTTP " + std::to_string(res->status));
-  json j = json::parse(res->body, nullptr, false);
+struct OpenAiStreams::Transfer {
+  OpenAiStreams* owner = nullptr;
+  size_t id = 0;
+  std::string body;  // libcurl reads it in place (CURLOPT_POSTFIELDS)
+  int32_t retries = 0;
+  CURL* easy = nullptr;
+  curl_slist* headers = nullptr;
+  CompletionStream stream;
+  int status = 0;
+
+  ~Transfer() {
+    if (easy) curl_easy_cleanup(easy);
+    curl_slist_free_all(headers);
+  }
+  int response_code() {
+    if (status == 0) {
+      long code = 0;
+      curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
+      status = static_cast<int>(code);
+    }
+    return status;
+  }
+  static size_t on_data(char* data, size_t, size_t n, void* user) {
+    auto* t = static_cast<Transfer*>(user);
+    OpenAiStreams& o = *t->owner;
+    const size_t id = t->id;
+    const bool keep = t->stream.feed(t->response_code(), data, n, o.now_(), [&] {
+      if (o.on_piece_) o.on_piece_(id);
+    });
+    return keep ? n : 0;  // 0 ends the transfer with CURLE_WRITE_ERROR
+  }
+};
+
+OpenAiStreams::OpenAiStreams(const std::string& base_url, const std::string& api_key,
+                             std::chrono::seconds timeout, std::function<int64_t()> now,
+                             std::function<void(size_t)> on_piece)
+    : url_(server_origin(base_url) + "/v1/completions"),
+      api_key_(api_key),
+      timeout_(timeout),
+      now_(std::move(now)),
+      on_piece_(std::move(on_piece)) {
+  curl_init_once();
+  multi_ = curl_multi_init();
+  if (!multi_) throw std::runtime_error("curl_multi_init failed");
+  // Finished streams leave their connections for the next requests (kept
+  // alive; a connection the server has closed meanwhile is replaced by libcurl).
+  curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, 1024L);
+}
+
+OpenAiStreams::~OpenAiStreams() {
+  for (auto& t : transfers_) curl_multi_remove_handle(multi_, t->easy);
+  transfers_.clear();
+  curl_multi_cleanup(multi_);
+}
+
+size_t OpenAiStreams::in_flight() const { return transfers_.size(); }
+
+void OpenAiStreams::add(StreamRequest request) {
+  auto t = std::make_unique<Transfer>();
+  t->id = request.id;
+  t->body = request.body.dump();
+  start(std::move(t));
+}
+
+void OpenAiStreams::start(std::unique_ptr<Transfer> t) {
+  t->owner = this;
+  t->easy = curl_easy_init();
+  if (!t->easy) throw std::runtime_error("curl_easy_init failed");
+  for (const char* h : {"Content-Type: application/json", "Accept: text/event-stream",
+                        "Expect:"}) {  // no 100-continue round trip for long prompts
+    t->headers = curl_slist_append(t->headers, h);
+  }
+  if (!api_key_.empty()) {
+    t->headers = curl_slist_append(t->headers, ("Authorization: Bearer " + api_key_).c_str());
+  }
+  CURL* e = t->easy;
+  curl_easy_setopt(e, CURLOPT_URL, url_.c_str());
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->body.c_str());
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t->body.size()));
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Transfer::on_data);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if (getenv("TROUPE_CURL_VERBOSE")) curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
+  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
+  // A stream silent for `timeout` (under 1 byte/s over that long) fails.
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, static_cast<long>(timeout_.count()));
+  if (curl_multi_add_handle(multi_, e) != CURLM_OK) throw std::runtime_error("curl_multi_add_handle failed");
+  transfers_.push_back(std::move(t));
+}
+
+std::vector<std::pair<size_t, StreamedCompletion>> OpenAiStreams::poll(std::chrono::milliseconds wait) {
+  std::vector<std::pair<size_t, StreamedCompletion>> ended;
+  auto collect = [&] {
+    int running = 0;
+    curl_multi_perform(multi_, &running);
+    int left = 0;
+    while (CURLMsg* m = curl_multi_info_read(multi_, &left)) {
+      if (m->msg != CURLMSG_DONE) continue;
+      auto it = std::find_if(transfers_.begin(), transfers_.end(),
+                             [&](const auto& t) { return t->easy == m->easy_handle; });
+      if (it == transfers_.end()) continue;
+      std::unique_ptr<Transfer> t = std::move(*it);
+      transfers_.erase(it);
+      const CURLcode code = m->data.result;  // read before the handle goes
+      curl_multi_remove_handle(multi_, t->easy);
+      const int status = t->response_code();
+      if (code != CURLE_OK && status == 0 && !t->stream.received_anything() && t->retries < 2) {
+        auto again = std::make_unique<Transfer>();
+        again->id = t->id;
+        again->body = std::move(t->body);
+        again->retries = t->retries + 1;
+        start(std::move(again));
+        continue;
+      }
+      StreamedCompletion c = t->stream.finish(status, code == CURLE_OK ? "" : curl_easy_strerror(code));
+      c.retries = t->retries;
+      ended.emplace_back(t->id, std::move(c));
+    }
+  };
+  collect();
+  if (ended.empty() && !transfers_.empty()) {
+    curl_multi_poll(multi_, nullptr, 0, static_cast<int>(wait.count()), nullptr);
+    collect();
+  } else if (ended.empty() && wait.count() > 0) {
+    std::this_thread::sleep_for(wait);
+  }
+  return ended;
+}
+
+namespace {
+
+size_t append_body(char* data, size_t, size_t n, void* user) {
+  auto* s = static_cast<std::string*>(user);
+  if (s->size() + n > (size_t{16} << 20)) return 0;
+  s->append(data, n);
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::string> list_models(const std::string& base_url, const std::string& api_key) {
+  curl_init_once();
+  const std::string url = server_origin(base_url) + "/v1/models";
+  std::unique_ptr<CURL, void (*)(CURL*)> e(curl_easy_init(), curl_easy_cleanup);
+  if (!e) throw std::runtime_error("curl_easy_init failed");
+  std::unique_ptr<curl_slist, void (*)(curl_slist*)> headers(nullptr, curl_slist_free_all);
+  if (!api_key.empty()) {
+    headers.reset(curl_slist_append(nullptr, ("Authorization: Bearer " + api_key).c_str()));
+  }
+  std::string body;
+  curl_easy_setopt(e.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(e.get(), CURLOPT_HTTPHEADER, headers.get());
+  curl_easy_setopt(e.get(), CURLOPT_WRITEFUNCTION, &append_body);
+  curl_easy_setopt(e.get(), CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(e.get(), CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e.get(), CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(e.get(), CURLOPT_TIMEOUT, 30L);
+  const CURLcode code = curl_easy_perform(e.get());
+  if (code != CURLE_OK) throw std::runtime_error("GET " + url + ": " + curl_easy_strerror(code));
+  long status = 0;
+  curl_easy_getinfo(e.get(), CURLINFO_RESPONSE_CODE, &status);
+  if (status != 200) throw std::runtime_error("GET " + url + ": HTTP " + std::to_string(status));
+  json j = json::parse(body, nullptr, false);
   std::vector<std::string> ids;
   if (!j.is_discarded() && j.contains("data") && j["data"].is_array()) {
     for (const auto& m : j["data"]) {

@@ -1,11 +1,25 @@
-// The load generator's pure parts: the request list (one generator with the
-// simulator, seeded), Server-Sent Events parsing, base URLs.
+// The load generator's parts: the request list (one generator with the
+// simulator, seeded), Server-Sent Events parsing, base URLs, a streaming
+// completion's body, and the one-thread client against a local server.
 #include "cluster/load_generator.hpp"
 
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "cluster/http_front.hpp"
 #include "cluster/openai_client.hpp"
 
 namespace troupe::cluster {
@@ -91,6 +105,238 @@ TEST(SseParser, EventsSplitAnywhereAndInEveryLineEnding) {
   EXPECT_EQ(q.feed(stream.data(), stream.size()), all);
   EXPECT_TRUE(q.feed("data: half", 10).empty()) << "no event before its blank line";
   EXPECT_EQ(q.feed("\n\n", 2), std::vector<std::string>{"half"});
+}
+
+TEST(CompletionStream, PiecesUsageAndTheEndAsOpenAiSendsThem) {
+  CompletionStream s;
+  int pieces = 0;
+  auto count = [&] { ++pieces; };
+  const std::string a = "data: {\"choices\":[{\"text\":\"He\",\"finish_reason\":null}]}\n\n";
+  EXPECT_TRUE(s.feed(200, a.data(), 10, 5, count)) << "half an event: nothing yet";
+  EXPECT_EQ(pieces, 0);
+  EXPECT_TRUE(s.feed(200, a.data() + 10, a.size() - 10, 7, count));
+  const std::string b =
+      "data: {\"choices\":[{\"text\":\"\"}]}\n\n"  // no text: not a piece
+      "data: {\"choices\":[{\"text\":\"llo\",\"finish_reason\":\"length\"}]}\n\n"
+      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+  EXPECT_TRUE(s.feed(200, b.data(), b.size(), 9, count));
+  const StreamedCompletion c = s.finish(200, "");
+  EXPECT_EQ(c.error, "");
+  EXPECT_EQ(c.text, "Hello");
+  EXPECT_EQ(c.pieces, (std::vector<int64_t>{7, 9})) << "stamped when the event completed";
+  EXPECT_EQ(pieces, 2);
+  EXPECT_EQ(c.finish_reason, "length");
+  EXPECT_EQ(c.prompt_tokens, 3);
+  EXPECT_EQ(c.completion_tokens, 2);
+}
+
+TEST(CompletionStream, EveryWayToFailSaysWhy) {
+  {
+    CompletionStream s;
+    const std::string body = R"({"error": {"message": "max_tokens must be >= 1", "type": "invalid"}})";
+    EXPECT_TRUE(s.feed(400, body.data(), body.size(), 0, {}));
+    const StreamedCompletion c = s.finish(400, "");
+    EXPECT_EQ(c.status, 400);
+    EXPECT_EQ(c.error, "HTTP 400: \"max_tokens must be >= 1\"");
+  }
+  {
+    CompletionStream s;
+    const std::string body = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {oops\n\n";
+    EXPECT_FALSE(s.feed(200, body.data(), body.size(), 0, {})) << "a chunk that is not JSON ends the read";
+    EXPECT_NE(s.finish(200, "Failed writing received data").error.find("not JSON"), std::string::npos)
+        << "the body's reason, not the transport's";
+  }
+  {
+    CompletionStream s;
+    const std::string body = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+    EXPECT_TRUE(s.feed(200, body.data(), body.size(), 0, {}));
+    EXPECT_EQ(s.finish(200, "").error, "the stream ended without [DONE]");
+  }
+  EXPECT_EQ(CompletionStream().finish(0, "Couldn't connect").error, "cannot reach the server: Couldn't connect");
+  CompletionStream s;
+  const std::string body = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+  EXPECT_TRUE(s.feed(200, body.data(), body.size(), 0, {}));
+  EXPECT_EQ(s.finish(200, "Timeout was reached").error, "the stream broke: Timeout was reached");
+}
+
+// A server whose streams only begin once `n` of them are open at once: a
+// client that serves its streams one after another never completes one.
+struct GatedSseServer {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  int open = 0;
+  explicit GatedSseServer(int n) {
+    server.new_task_queue = [n] { return new httplib::ThreadPool(static_cast<size_t>(n) + 2); };
+    server.Post("/v1/completions", [this, n](const httplib::Request& req, httplib::Response& res) {
+      if (req.body.find("\"bad\"") != std::string::npos) {
+        res.status = 400;
+        res.set_content(R"({"error":{"message":"bad prompt"}})", "application/json");
+        return;
+      }
+      bool all = false;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ++open;
+        cv.notify_all();
+        all = cv.wait_for(lock, std::chrono::seconds(20), [&] { return open >= n; });
+      }
+      res.set_chunked_content_provider("text/event-stream", [all](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (all) {
+          for (const char* t : {"a", "b", "c"}) {
+            out += std::string("data: {\"choices\":[{\"text\":\"") + t + "\"}]}\n\n";
+          }
+          out += "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":3}}\n\n";
+          out += "data: [DONE]\n\n";
+        } else {
+          out = "data: {\"error\":{\"message\":\"the streams were not all open at once\"}}\n\ndata: [DONE]\n\n";
+        }
+        sink.write(out.data(), out.size());
+        sink.done();
+        return true;
+      });
+    });
+    const ListenBacklog backlog(server);
+    port = server.bind_to_any_port("127.0.0.1");
+    backlog.after_bind();
+    thread = std::thread([this] { server.listen_after_bind(); });
+    // Connects queue in the listen backlog from bind on; stop() needs it running.
+    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~GatedSseServer() {
+    server.stop();
+    thread.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+};
+
+TEST(OpenAiStreams, ManyStreamsRunAtOnceOnOneThread) {
+  constexpr int kStreams = 12;
+  GatedSseServer server(kStreams);
+  int64_t clock = 0;
+  std::vector<int> pieces(kStreams + 1, 0);
+  OpenAiStreams streams(
+      server.url() + "/v1", "", std::chrono::seconds(60), [&] { return ++clock; },
+      [&](size_t id) { ++pieces[id]; });
+  for (int i = 0; i < kStreams; ++i) streams.add({static_cast<size_t>(i), {{"prompt", "x"}, {"stream", true}}});
+  streams.add({kStreams, {{"prompt", "bad"}}});
+  std::vector<std::pair<size_t, StreamedCompletion>> ended;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (streams.in_flight() > 0 && std::chrono::steady_clock::now() < give_up) {
+    for (auto& e : streams.poll(std::chrono::milliseconds(50))) ended.push_back(std::move(e));
+  }
+  ASSERT_EQ(ended.size(), kStreams + 1u);
+  for (const auto& [id, c] : ended) {
+    if (id == kStreams) {
+      EXPECT_EQ(c.status, 400);
+      EXPECT_EQ(c.error, "HTTP 400: \"bad prompt\"");
+      continue;
+    }
+    EXPECT_EQ(c.error, "") << id;
+    EXPECT_EQ(c.text, "abc");
+    EXPECT_EQ(c.pieces.size(), 3u);
+    EXPECT_EQ(pieces[id], 3);
+    EXPECT_EQ(c.completion_tokens, 3);
+    EXPECT_EQ(c.retries, 0);
+  }
+  EXPECT_THROW(list_models(server.url(), ""), std::runtime_error) << "404 (no /v1/models here) is an error";
+}
+
+TEST(OpenAiStreams, AServerThatIsNotThereFailsTheRequestAfterTwoRetries) {
+  // A port that was free a moment ago and has no listener now.
+  int port = 0;
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  OpenAiStreams streams("http://127.0.0.1:" + std::to_string(port), "", std::chrono::seconds(5),
+                        [] { return int64_t{0}; });
+  streams.add({7, {{"prompt", "x"}}});
+  std::vector<std::pair<size_t, StreamedCompletion>> ended;
+  for (int i = 0; i < 200 && ended.empty(); ++i) ended = streams.poll(std::chrono::milliseconds(50));
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].first, 7u);
+  EXPECT_EQ(ended[0].second.status, 0);
+  EXPECT_EQ(ended[0].second.retries, 2);
+  EXPECT_NE(ended[0].second.error.find("cannot reach the server"), std::string::npos) << ended[0].second.error;
+  EXPECT_THROW(list_models("http://127.0.0.1:" + std::to_string(port), ""), std::runtime_error);
+}
+
+// Opens n connections to the port at once and counts the handshakes that
+// complete within `wait` while nobody accepts: the listen queue's length.
+int handshakes(int port, int n, std::chrono::milliseconds wait) {
+  std::vector<pollfd> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);  // EINPROGRESS
+    fds.push_back({fd, POLLOUT, 0});
+  }
+  const auto until = std::chrono::steady_clock::now() + wait;
+  int done = 0;
+  std::vector<bool> counted(n, false);
+  while (done < n && std::chrono::steady_clock::now() < until) {
+    ::poll(fds.data(), fds.size(), 20);
+    for (int i = 0; i < n; ++i) {
+      int err = -1;
+      socklen_t len = sizeof err;
+      if (counted[i] || !(fds[i].revents & POLLOUT)) continue;
+      ::getsockopt(fds[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) {
+        counted[i] = true;
+        ++done;
+        fds[i].events = 0;
+      }
+    }
+  }
+  for (const auto& f : fds) ::close(f.fd);
+  return done;
+}
+
+TEST(ListenBacklog, ABurstOfConnectsIsQueuedNotDropped) {
+  for (const bool wide : {false, true}) {
+    httplib::Server server;
+    std::optional<ListenBacklog> backlog;
+    if (wide) backlog.emplace(server);
+    const int port = server.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(port, 0);
+    if (wide) backlog->after_bind();
+    const int queued = handshakes(port, 64, std::chrono::milliseconds(wide ? 5000 : 500));
+    if (wide) {
+      EXPECT_EQ(queued, 64);
+    } else {
+      EXPECT_LT(queued, 16) << "the library alone queues about 5 (if this fails, it now listens wider)";
+    }
+    std::thread t([&] { server.listen_after_bind(); });
+    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    server.stop();
+    t.join();
+  }
+  // SO_REUSEADDR only: a second server cannot bind a port in use.
+  httplib::Server a, b;
+  const ListenBacklog la(a), lb(b);
+  const int port = a.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  la.after_bind();
+  EXPECT_FALSE(b.bind_to_port("127.0.0.1", port)) << "SO_REUSEPORT would let two servers share the port";
+  std::thread t([&] { a.listen_after_bind(); });
+  while (!a.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  a.stop();
+  t.join();
 }
 
 TEST(OpenAiClient, BaseUrlIsAnOrigin) {
