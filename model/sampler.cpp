@@ -34,21 +34,8 @@ struct RanksBefore {
   bool operator()(int32_t a, int32_t b) const { return l[a] > l[b] || (l[a] == l[b] && a < b); }
 };
 
-// Largest of x[0, 64): independent lanes, so the compiler vectorises it
-// and no chain of dependent comparisons sets the pace.
-float chunk_max(const float* x) {
-  constexpr int kLanes = 16;
-  float m[kLanes];
-  for (int j = 0; j < kLanes; ++j) m[j] = x[j];
-  for (int k = kLanes; k < 64; k += kLanes)
-    for (int j = 0; j < kLanes; ++j) m[j] = x[k + j] > m[j] ? x[k + j] : m[j];
-  float best = m[0];
-  for (int j = 1; j < kLanes; ++j) best = m[j] > best ? m[j] : best;
-  return best;
-}
-
 // The n best ids in rank order (n <= vocab).
-void top_ids(const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out) {
+void top_ids(const SamplerKernels& k, const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out) {
   const RanksBefore before{l};
   out.clear();
   if (n <= 0) return;
@@ -60,22 +47,18 @@ void top_ids(const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out
     for (; i < n; ++i) out.push_back(i);
     std::make_heap(out.begin(), out.end(), before);
     float worst = l[out.front()];
-    constexpr int32_t kChunk = 64;
     while (i < vocab) {
-      // A chunk whose largest logit is below the worst kept one changes
-      // nothing: one vectorisable max instead of a comparison per id.
-      const int32_t end = static_cast<int32_t>(std::min<int64_t>(vocab, int64_t{i} + kChunk));
-      if (end - i == kChunk && chunk_max(l + i) < worst) {
-        i = end;
-        continue;
-      }
-      for (; i < end; ++i) {
-        if (l[i] < worst || !before(i, out.front())) continue;
+      // Ids below the worst kept one change nothing: skip to the next that
+      // is not, 64 vectorised comparisons at a time.
+      i = static_cast<int32_t>(k.next_at_least(l, i, vocab, worst));
+      if (i >= vocab) break;
+      if (before(i, out.front())) {
         std::pop_heap(out.begin(), out.end(), before);
         out.back() = i;
         std::push_heap(out.begin(), out.end(), before);
         worst = l[out.front()];
       }
+      ++i;
     }
     std::sort_heap(out.begin(), out.end(), before);
     return;
@@ -102,28 +85,26 @@ struct Scratch {
   std::vector<double> mass;      // per bucket
   std::vector<double> partial;   // 4 interleaved histograms of the masses
   std::vector<int32_t> members;  // ids of bucket `gathered`, in rank order
+  std::vector<int32_t> found;    // room for collect(): a whole row's ids
   int gathered = -1;
   int last_positive = -1;                        // last bucket with mass > 0
   std::vector<float> kept_logits, kept_weights;  // logits and weights of `members`
+  // w holds exp((l - max) * exp_scale) of every id of the row at exp_of
+  // (set by bucket_all; null otherwise). Valid within one sample() call only.
+  const float* exp_of = nullptr;
+  float exp_scale = 0;
 };
 
-void gather(Scratch& sc, int b, int64_t vocab, const RanksBefore& before) {
+Scratch& scratch() {
+  thread_local Scratch sc;
+  return sc;
+}
+
+void gather(const SamplerKernels& k, Scratch& sc, int b, int64_t vocab, const RanksBefore& before) {
   if (sc.gathered == b) return;
-  // Most ids are not in the bucket: a vectorisable test per 16 keys, and a
-  // look at each id only in the chunks that hold one.
-  sc.members.clear();
-  const int32_t* key = sc.key.data();
-  constexpr int32_t kChunk = 16;
-  int32_t i = 0;
-  for (; i + kChunk <= vocab; i += kChunk) {
-    int32_t hit = 0;
-    for (int32_t j = 0; j < kChunk; ++j) hit |= static_cast<int32_t>(key[i + j] == b);
-    if (!hit) continue;
-    for (int32_t j = 0; j < kChunk; ++j)
-      if (key[i + j] == b) sc.members.push_back(i + j);
-  }
-  for (; i < vocab; ++i)
-    if (key[i] == b) sc.members.push_back(i);
+  if (static_cast<int64_t>(sc.found.size()) < vocab) sc.found.resize(vocab);  // once: no fill per row
+  const int64_t n = k.collect(sc.key.data(), vocab, b, sc.found.data());
+  sc.members.assign(sc.found.begin(), sc.found.begin() + n);
   std::sort(sc.members.begin(), sc.members.end(), before);
   sc.gathered = b;
 }
@@ -138,7 +119,8 @@ struct Crossing {
 // First id (in rank order) at which the cumulative weight reaches
 // top_p * total, skipping zero weights; when rounding leaves it unreached,
 // the last id of positive weight.
-Crossing nucleus_cut(Scratch& sc, int64_t vocab, const RanksBefore& before, float top_p) {
+Crossing nucleus_cut(const SamplerKernels& k, Scratch& sc, int64_t vocab, const RanksBefore& before,
+                     float top_p) {
   // The best id has weight exactly 1, so the total is >= 1 and the walk
   // always finds an id.
   double total = 0;
@@ -150,7 +132,7 @@ Crossing nucleus_cut(Scratch& sc, int64_t vocab, const RanksBefore& before, floa
     const double m = sc.mass[b];
     if (m == 0) continue;
     if (cum + m >= t || b == sc.last_positive) {
-      gather(sc, b, vocab, before);
+      gather(k, sc, b, vocab, before);
       double c = cum;
       for (int64_t j = 0; j < static_cast<int64_t>(sc.members.size()); ++j) {
         const float wi = sc.w[sc.members[j]];
@@ -172,6 +154,8 @@ void bucket_all(const SamplerKernels& k, const float* l, int64_t vocab, const Lo
   sc.w.resize(vocab);
   sc.key.resize(vocab);
   k.exp_shifted(l, vocab, s.max, inv_t, sc.w.data());
+  sc.exp_of = l;
+  sc.exp_scale = inv_t;
   const float range = std::min(s.max - s.min_finite, 87.0f / inv_t);
   const float scale = range > 0 ? static_cast<float>(kBuckets) / range : 0.0f;
   const int32_t* key = sc.key.data();
@@ -202,7 +186,8 @@ void bucket_all(const SamplerKernels& k, const float* l, int64_t vocab, const Lo
 // weights.
 void bucket_top_k(const SamplerKernels& kern, const float* l, int64_t vocab, int64_t k, const LogitScan& s,
                   float inv_t, Scratch& sc) {
-  top_ids(l, vocab, k, sc.members);
+  top_ids(kern, l, vocab, k, sc.members);
+  sc.exp_of = nullptr;  // w is written for the top k only
   sc.w.resize(vocab);
   sc.kept_logits.resize(k);
   sc.kept_weights.resize(k);
@@ -220,7 +205,7 @@ void bucket_top_k(const SamplerKernels& kern, const float* l, int64_t vocab, int
 
 int32_t draw(const SamplerKernels& k, const float* l, int64_t vocab, const SamplingParams& p,
              int64_t position, const LogitScan& s) {
-  thread_local Scratch sc;
+  Scratch& sc = scratch();
   const float inv_t = 1.0f / p.temperature;
   const uint64_t key = row_key(p.seed, position);
   const bool nucleus = p.top_p < 1.0f;
@@ -230,14 +215,14 @@ int32_t draw(const SamplerKernels& k, const float* l, int64_t vocab, const Sampl
   };
   if (p.top_k > 0 && p.top_k < vocab) {
     bucket_top_k(k, l, vocab, p.top_k, s, inv_t, sc);
-    const int64_t kept = nucleus ? nucleus_cut(sc, vocab, RanksBefore{l}, p.top_p).index + 1 : p.top_k;
+    const int64_t kept = nucleus ? nucleus_cut(k, sc, vocab, RanksBefore{l}, p.top_p).index + 1 : p.top_k;
     return sc.members[best_member(kept).index];
   }
   if (!nucleus)
     return static_cast<int32_t>(
         k.gumbel_argmax(l, nullptr, vocab, s.max, inv_t, key, nullptr, 0, s.argmax).index);
   bucket_all(k, l, vocab, s, inv_t, sc);
-  const Crossing cut = nucleus_cut(sc, vocab, RanksBefore{l}, p.top_p);
+  const Crossing cut = nucleus_cut(k, sc, vocab, RanksBefore{l}, p.top_p);
   // Kept: every id of the buckets before the cut's, and the cut bucket's
   // members up to the cut.
   const int64_t head = cut.index + 1;
@@ -259,11 +244,16 @@ void fill_logprobs(const SamplerKernels& k, const float* l, int64_t vocab, const
                    SampledToken& out) {
   thread_local std::vector<float> e;
   thread_local std::vector<int32_t> ids;
-  e.resize(vocab);
-  k.exp_shifted(l, vocab, s.max, 1.0f, e.data());
-  const double lse = static_cast<double>(s.max) + std::log(k.sum(e.data(), vocab));
+  const Scratch& sc = scratch();
+  const float* w = sc.w.data();
+  if (sc.exp_of != l || sc.exp_scale != 1.0f) {  // else top-p at T 1 has computed the same values
+    e.resize(vocab);
+    k.exp_shifted(l, vocab, s.max, 1.0f, e.data());
+    w = e.data();
+  }
+  const double lse = static_cast<double>(s.max) + std::log(k.sum(w, vocab));
   out.logprob = static_cast<float>(l[out.id] - lse);
-  top_ids(l, vocab, std::min<int64_t>(n_top, vocab), ids);
+  top_ids(k, l, vocab, std::min<int64_t>(n_top, vocab), ids);
   out.top.clear();
   out.top.reserve(ids.size());
   for (int32_t id : ids) out.top.emplace_back(id, static_cast<float>(l[id] - lse));
@@ -300,6 +290,7 @@ SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p,
   if (s.bad) throw std::runtime_error("sampler: logits contain NaN or +inf (the forward pass diverged)");
   if (s.max == -INFINITY) throw std::runtime_error("sampler: every logit is -inf, nothing can be sampled");
   SampledToken out;
+  scratch().exp_of = nullptr;  // nothing computed for an earlier row is reused
   // A temperature so small that 1/T overflows is greedy in all but name.
   const bool greedy = p.temperature == 0.0f || !std::isfinite(1.0f / p.temperature);
   out.id = greedy ? s.argmax : draw(k, logits, vocab, p, position, s);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -113,6 +114,52 @@ TEST_P(SamplerVectorVariant, EveryKernelGivesThePortableBits) {
     ASSERT_EQ(k.noise_bits(0x1234567890abcdefull, id), ref.noise_bits(0x1234567890abcdefull, id));
     ASSERT_TRUE(same_bits(k.noise(0x1234567890abcdefull, id), ref.noise(0x1234567890abcdefull, id)));
   }
+}
+
+// scan, collect and next_at_least against their plain definitions (the
+// portable variant shares their code, so it is no reference for them).
+TEST_P(SamplerVariant, ScanCollectAndNextAtLeastMatchTheirDefinitions) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  const SamplerKernels& k = sampler_kernels(isa);
+  auto rows = test_rows();
+  auto late = gaussian_logits(50257, 1.0f, 320);
+  late[50250] = 9.0f;  // the max in the last, partial chunk
+  late[50256] = 9.0f;
+  rows.push_back(late);
+  rows.push_back(std::vector<float>(130, -INFINITY));
+  for (const auto& row : rows) {
+    const int64_t n = static_cast<int64_t>(row.size());
+    const LogitScan s = k.scan(row.data(), n);
+    const int64_t first_max = std::max_element(row.begin(), row.end()) - row.begin();
+    EXPECT_EQ(s.argmax, first_max) << "the lowest id holding the max, n " << n;
+    EXPECT_EQ(s.max, row[first_max]);
+    for (const int64_t from : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, n / 2, n - 1, n}) {
+      for (const float bound : {-INFINITY, 0.0f, 1.5f, s.max, 100.0f}) {
+        int64_t want = n;
+        for (int64_t i = std::max<int64_t>(0, from); i < n; ++i)
+          if (row[i] >= bound) {
+            want = i;
+            break;
+          }
+        EXPECT_EQ(k.next_at_least(row.data(), std::min(from, n), n, bound), want)
+            << "from " << from << " bound " << bound << " n " << n;
+      }
+    }
+    std::vector<int32_t> key(n), out(n);
+    k.bucket_keys(row.data(), n, s.max, 100.0f, 1024, key.data());
+    for (const int32_t b : {0, 1, 7, 100, 1023}) {
+      std::vector<int32_t> want;
+      for (int64_t i = 0; i < n; ++i)
+        if (key[i] == b) want.push_back(static_cast<int32_t>(i));
+      const int64_t got = k.collect(key.data(), n, b, out.data());
+      EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + got), want) << "bucket " << b << " n " << n;
+    }
+  }
+  const float bad[] = {1.0f, NAN, 2.0f};
+  EXPECT_TRUE(k.scan(bad, 3).bad);
+  const float inf[] = {1.0f, INFINITY};
+  EXPECT_TRUE(k.scan(inf, 2).bad);
 }
 
 // The winner without pruning: every candidate scored with the kernel's noise.

@@ -311,7 +311,7 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
   const auto lt = torch::from_blob(const_cast<float*>(l.data()), {50257}, torch::kFloat);
   const auto ref = torch::log_softmax(lt.to(torch::kDouble), 0);
   const auto topk = std::get<1>(ref.topk(20));
-  for (float temperature : {0.0f, 0.8f, 2.0f}) {
+  for (float temperature : {0.0f, 0.8f, 1.0f, 2.0f}) {
     const auto t = sample(l.data(), 50257, params(temperature, 0, 0.9f, 3, 20), 17);
     EXPECT_NEAR(t.logprob, ref[t.id].item<double>(), 1e-4);
     ASSERT_EQ(t.top.size(), 20u);
@@ -320,6 +320,19 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
       EXPECT_NEAR(t.top[j].second, ref[t.top[j].first].item<double>(), 1e-4);
     }
   }
+  // Top-p at temperature 1 reuses the weights it computed for the nucleus;
+  // every path gives the same bits, and nothing leaks into the next row.
+  const auto nucleus = sample(l.data(), 50257, params(1.0f, 0, 0.9f, 3, 20), 17);
+  const auto greedy = sample(l.data(), 50257, params(0.0f, 0, 1.0f, 3, 20), 17);
+  const auto hot = sample(l.data(), 50257, params(2.0f, 0, 0.9f, 3, 20), 17);
+  EXPECT_EQ(nucleus.top, greedy.top);
+  EXPECT_EQ(hot.top, greedy.top);
+  auto row = l;  // one buffer, new logits written into it (as the next step's tensor may be)
+  sample(row.data(), 50257, params(1.0f, 0, 0.9f, 3, 20), 17);
+  for (float& x : row) x *= 2.0f;
+  const auto next = sample(row.data(), 50257, params(0.0f, 0, 1.0f, 3, 1), 18);
+  const auto lt2 = torch::from_blob(row.data(), {50257}, torch::kFloat);
+  EXPECT_NEAR(next.logprob, torch::log_softmax(lt2.to(torch::kDouble), 0)[next.id].item<double>(), 1e-4);
   // Over a whole small vocabulary the probabilities sum to one.
   const std::vector<float> small = {0.1f, 2.0f, -3.0f, 0.5f, 0.5f};
   const auto t = sample(small.data(), 5, params(1.0f, 0, 1.0f, 1, 5), 0);
