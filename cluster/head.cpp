@@ -144,13 +144,12 @@ int run_head(const HeadOptions& o) {
   std::vector<actors::worker_actor> local;
   if (!devices.empty()) {
     const int cpus = model::usable_cpus();
-    const auto budgets = model::split_thread_budget(cpus, static_cast<int>(devices.size()));
+    const auto budgets = model::split_thread_budget(cpus, static_cast<int>(devices.size()), o.threads_per_worker);
     std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
     for (size_t i = 0; i < devices.size(); ++i) {
       auto& m = models[devices[i]];
       if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
       ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i]};
-      if (o.threads_per_worker > 0) wc.threads.intra_op_threads = o.threads_per_worker;
       auto w = actors::spawn_worker(sys, actors::WorkerParams{[wc] { return make_model_runner(wc); }, true},
                                     batcher);
       local.push_back(w);

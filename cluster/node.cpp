@@ -208,7 +208,8 @@ int run_node(const NodeOptions& o) {
   transport::Register reg;
   reg.node = o.name.empty() ? default_name() : o.name;
   std::vector<actors::WorkerParams> factories;
-  const auto budgets = model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()));
+  const auto budgets =
+      model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
   std::optional<sim::CostProfile> profile;
   if (!o.emulate.empty()) {
@@ -222,7 +223,6 @@ int run_node(const NodeOptions& o) {
   }
   for (size_t i = 0; i < devices.size(); ++i) {
     ModelWorkerConfig wc{nullptr, blocks, o.block_size, budgets[i]};
-    if (o.threads_per_worker > 0) wc.threads.intra_op_threads = o.threads_per_worker;
     if (profile) {
       EmulatedWorkerConfig ec{profile->cost, {blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
                               cfg.eos_token_id, o.emulate_time_scale};

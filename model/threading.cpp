@@ -44,13 +44,17 @@ std::atomic<bool> g_malloc_tuned{false};
 
 }  // namespace
 
-std::vector<ThreadBudget> split_thread_budget(int cpus, int workers) {
+std::vector<ThreadBudget> split_thread_budget(int cpus, int workers, int per_worker) {
   if (cpus < 1 || workers < 1)
     throw std::invalid_argument("split_thread_budget: need at least 1 CPU and 1 worker, got " +
                                 std::to_string(cpus) + " CPUs for " + std::to_string(workers) + " workers");
+  if (per_worker < 0)
+    throw std::invalid_argument("split_thread_budget: threads per worker must be >= 0, got " +
+                                std::to_string(per_worker));
   std::vector<ThreadBudget> out(workers);
   for (int w = 0; w < workers; ++w) {
-    out[w].intra_op_threads = std::max(1, cpus / workers + (w < cpus % workers ? 1 : 0));
+    out[w].intra_op_threads =
+        per_worker > 0 ? per_worker : std::max(1, cpus / workers + (w < cpus % workers ? 1 : 0));
     out[w].blas_threads = workers == 1 ? out[w].intra_op_threads : 1;
   }
   return out;

@@ -38,8 +38,11 @@ struct ThreadBudget {
 // workers than CPUs oversubscribe, one thread each). BLAS gets the intra-op
 // count with one worker, 1 thread with several: its pool is process-wide and
 // troupe's own kernels do the projections (docs/threading.md has the numbers).
-// Throws std::invalid_argument unless cpus >= 1 and workers >= 1.
-std::vector<ThreadBudget> split_thread_budget(int cpus, int workers);
+// per_worker > 0 (`--threads-per-worker`) gives each worker that many threads
+// instead, BLAS included with one worker: a BLAS pool wider than the worker's
+// budget would spin on the CPUs left to the head and its clients.
+// Throws std::invalid_argument unless cpus >= 1, workers >= 1, per_worker >= 0.
+std::vector<ThreadBudget> split_thread_budget(int cpus, int workers, int per_worker = 0);
 
 // Applies `budget` on the calling thread and only there (OpenBLAS's count
 // aside, which is process-wide): call it first on a worker's own thread,

@@ -192,6 +192,24 @@ TEST(ThreadBudget, SplitsCpusSoWorkersUseThemOnce) {
   }
 }
 
+// --threads-per-worker: one worker of 1 thread on 2 CPUs ran BLAS with 2
+// (found by the simulator's fidelity run: prompt steps 1.3x slower served
+// than profiled with --threads 1).
+TEST(ThreadBudget, ThreadsPerWorkerBoundBlasToo) {
+  auto one = split_thread_budget(2, 1, 1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].intra_op_threads, 1);
+  EXPECT_EQ(one[0].blas_threads, 1);
+  auto wide = split_thread_budget(2, 1, 4);  // asked for more than the CPUs: given
+  EXPECT_EQ(wide[0].intra_op_threads, 4);
+  EXPECT_EQ(wide[0].blas_threads, 4);
+  for (const auto& b : split_thread_budget(8, 3, 2)) {
+    EXPECT_EQ(b.intra_op_threads, 2);
+    EXPECT_EQ(b.blas_threads, 1);
+  }
+  EXPECT_HAS(invalid_argument_of([] { split_thread_budget(2, 1, -1); }), "got -1");
+}
+
 TEST(ThreadBudget, RefusesNoCpusOrNoWorkers) {
   EXPECT_HAS(invalid_argument_of([] { split_thread_budget(0, 1); }), "0 CPUs");
   EXPECT_HAS(invalid_argument_of([] { split_thread_budget(2, 0); }), "0 workers");
