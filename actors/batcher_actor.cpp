@@ -13,6 +13,7 @@ struct BatcherState {
   router_actor router;
   caf::actor membership;  // hears of drained workers (may be unset)
   bool timer_armed = false;
+  std::shared_ptr<core::StepLog> step_log;  // may be unset
   static inline const char* name = "batcher";
 };
 
@@ -40,7 +41,9 @@ void pump(Self self) {
   const int64_t now = now_ns(self);
   for (core::Dispatch& d : st.core->schedule(now)) {
     auto it = st.workers.find(d.worker);
-    if (it != st.workers.end()) self->send(it->second, plan_atom::value, d.worker, std::move(d.plan));
+    if (it == st.workers.end()) continue;
+    if (st.step_log) st.step_log->planned(d.worker, d.plan);
+    self->send(it->second, plan_atom::value, d.worker, std::move(d.plan));
   }
   tell_router(self, st.core->take_events());
   std::vector<uint64_t> done;
@@ -65,12 +68,15 @@ void lose(Self self, uint64_t id) {
   if (!st.workers.count(id)) return;
   st.core->remove_worker(id, now_ns(self));
   st.workers.erase(id);
+  if (st.step_log) st.step_log->forget(id);
   tell_worker_count(self);
   pump(self);
 }
 
-batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options) {
+batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
+                                     std::shared_ptr<core::StepLog> step_log) {
   self->state.core = std::make_unique<core::Batcher>(options);
+  self->state.step_log = std::move(step_log);
   self->set_down_handler([=](caf::down_msg& dm) {
     for (const auto& [id, handle] : self->state.workers) {
       if (handle.address() == dm.source) {
@@ -103,7 +109,9 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options) {
       },
       [=](result_atom, uint64_t worker, core::StepResult& result) {
         auto& st = self->state;
+        if (st.step_log) st.step_log->done(worker, result);
         if (auto broken = st.core->on_result(worker, result, now_ns(self))) {
+          if (st.step_log) st.step_log->forget(worker);
           // The core removed the worker and moved its requests.
           if (auto it = st.workers.find(worker); it != st.workers.end()) {
             caf::anon_send_exit(it->second, caf::exit_reason::user_shutdown);
@@ -141,8 +149,9 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options) {
 
 }  // namespace
 
-batcher_actor spawn_batcher(caf::actor_system& system, const core::BatcherOptions& options) {
-  return system.spawn(batcher, options);
+batcher_actor spawn_batcher(caf::actor_system& system, const core::BatcherOptions& options,
+                            std::shared_ptr<core::StepLog> step_log) {
+  return system.spawn(batcher, options, std::move(step_log));
 }
 
 }  // namespace troupe::actors

@@ -8,10 +8,13 @@
 //   router ──(run | end)──▶ batcher ──(plan, worker id, StepPlan)──▶ worker
 //   router ◀──(events)──── batcher ◀──(result, worker id, StepResult)── worker
 //   membership ──(wjoin | wlost | wdrain)──▶ batcher ──(drained, worker id)──▶ membership
+#include <memory>
 #include "actors/messages.hpp"
 #include "actors/router_actor.hpp"
 #include "actors/worker_actor.hpp"
+
 #include "core/batcher.hpp"
+#include "core/step_log.hpp"
 
 namespace troupe::actors {
 
@@ -24,7 +27,10 @@ using batcher_actor =
                      caf::reacts_to<wlost_atom, uint64_t>, caf::reacts_to<wdrain_atom, uint64_t>,
                      caf::replies_to<stats_atom>::with<BatcherStatus>, caf::reacts_to<tick_atom>>;
 
-batcher_actor spawn_batcher(caf::actor_system& system, const core::BatcherOptions& options);
+// step_log (optional): every step a worker runs, written as its result
+// comes back (core/step_log.hpp).
+batcher_actor spawn_batcher(caf::actor_system& system, const core::BatcherOptions& options,
+                            std::shared_ptr<core::StepLog> step_log = nullptr);
 
 router_actor spawn_router(caf::actor_system& system, const model::Tokenizer& tokenizer,
                           const RouterOptions& options, batcher_actor batcher, ClientSink sink);

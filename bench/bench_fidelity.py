@@ -6,7 +6,7 @@ and output tokens/s within 10%.
 
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 64]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.85]
-                          [--num-blocks 2048] [--seed 1] [--stat median|min] [--out DIR]
+                          [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
@@ -35,6 +35,8 @@ ap.add_argument("--num-blocks", type=int, default=2048)
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--stat", default="median", choices=["min", "median"],
                 help="a profile point's time from its runs: the median (what service sees, default) or the min")
+ap.add_argument("--threads", type=int, default=0,
+                help="threads per worker (0: the CPUs but one, for the head and the client, split among the workers)")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -46,7 +48,10 @@ log = procs.log
 run = procs.run
 
 
-threads = max(1, (len(__import__("os").sched_getaffinity(0)) // a.workers))
+# The simulator's head and clients are free; here they share the machine. Leave them a CPU where there is one to
+# spare, so that the workers run on CPUs of their own as the cost profile did (docs/simulation.md, Fidelity).
+cpus = len(__import__("os").sched_getaffinity(0))
+threads = a.threads or max(1, (cpus - 1 if cpus > a.workers else cpus) // a.workers)
 cost = a.cost
 if not cost:
     cost = str(work / "cost.json")
@@ -66,13 +71,27 @@ def simulate(rate, tag):
 
 def measure(rate, tag):
     head = procs.Head(T, a.model, work, tag, ["--workers", str(a.workers), "--threads-per-worker", str(threads),
-                                               "--num-blocks", str(a.num_blocks)])
+                                               "--num-blocks", str(a.num_blocks),
+                                               "--step-log", str(work / f"steps-{tag}.jsonl")])
     try:
+        before = head.status()["workers"]
         out = work / f"bench-{tag}.json"
         run([T, "bench", "--to", head.to] + workload + ["--request-rate", str(rate), "--json", str(out)])
-        return json.load(open(out))
+        after = head.status()["workers"]
+        j = json.load(open(out))
+        # The served workers' own step time (the engine, as each worker times it), to set beside the cost
+        # model's: where the simulator's error comes from.
+        j["worker_steps"] = sum(w["steps"] for w in after) - sum(w["steps"] for w in before)
+        j["worker_busy_s"] = sum(w["busy_s"] for w in after) - sum(w["busy_s"] for w in before)
+        return j
     finally:
         head.stop()
+
+
+def sim_busy(sim):
+    """Steps and busy seconds of the simulated workers."""
+    ws = sim.get("workers", [])
+    return sum(w.get("steps", 0) for w in ws), sum(w.get("busy_s", 0.0) for w in ws)
 
 
 capacity = simulate("inf", "capacity")["request_throughput"]
@@ -89,6 +108,34 @@ for load in [float(x) for x in a.loads.split(",")]:
         rows.append((load, rate, name, real[key], sim[key], err, target))
         log(f"load {load:.2f} ({rate} req/s) {name}: measured {real[key]:.2f}, simulated {sim[key]:.2f}, "
             f"{err:+.1f}%")
+    s_steps, s_busy = sim_busy(sim)
+    if real["worker_steps"] and s_steps:
+        r_ms, s_ms = 1e3 * real["worker_busy_s"] / real["worker_steps"], 1e3 * s_busy / s_steps
+        log(f"load {load:.2f}: worker steps measured {real['worker_steps']} ({r_ms:.2f} ms each, "
+            f"busy {real['worker_busy_s']:.2f} s), simulated {s_steps} ({s_ms:.2f} ms each, busy {s_busy:.2f} s): "
+            f"the served step is {100 * (r_ms - s_ms) / s_ms:+.1f}% against the cost model")
+    # Step by step: the cost model against each served step (troupe profile --calibrate-with).
+    cal = run([T, "profile", "--refit", cost, "--calibrate-with", str(work / f"steps-{load}.jsonl"), "--out",
+               str(work / f"cost-calibrated-{load}.json")]).stdout
+    for line in cal.splitlines():
+        if "served steps" in line or "calibrated to" in line:
+            log(f"load {load:.2f}: {line.strip()}")
+
+# Calibrated on the first load's served steps, the simulator at the others: does a calibration carry over?
+loads = [float(x) for x in a.loads.split(",")]
+calibrated_rows = []
+for load in loads[1:]:
+    rate = round(load * capacity, 4)
+    out = work / f"sim-{load}-calibrated.json"
+    run([T, "simulate", "--cost", str(work / f"cost-calibrated-{loads[0]}.json")] + sim_flags[2:] + workload +
+        ["--request-rate", str(rate), "--json", str(out)])
+    sim = json.load(open(out))
+    real = json.load(open(work / f"bench-{load}.json"))
+    for key, name, target in KEYS:
+        err = 100 * (sim[key] - real[key]) / real[key] if real[key] else float("inf")
+        calibrated_rows.append((load, rate, name, real[key], sim[key], err, target))
+        log(f"load {load:.2f}, cost model calibrated at load {loads[0]:.2f}: {name}: measured {real[key]:.2f}, "
+            f"simulated {sim[key]:.2f}, {err:+.1f}%")
 
 print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
       f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
@@ -98,5 +145,9 @@ print("|---|---:|---|---:|---:|---:|---|")
 for load, rate, name, real, sim, err, target in rows:
     ok = "met" if abs(err) <= target else "NOT met"
     print(f"| {load:.2f} | {rate:.3f} | {name} | {real:.2f} | {sim:.2f} | {err:+.1f}% | ±{target}%: {ok} |")
-json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "rows": rows}, open(work / "fidelity.json", "w"),
+for load, rate, name, real, sim, err, target in calibrated_rows:
+    ok = "met" if abs(err) <= target else "NOT met"
+    print(f"| {load:.2f}, calibrated at {loads[0]:.2f} | {rate:.3f} | {name} | {real:.2f} | {sim:.2f} | {err:+.1f}% | "
+          f"±{target}%: {ok} |")
+json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "rows": rows, "calibrated_rows": calibrated_rows}, open(work / "fidelity.json", "w"),
           indent=1)

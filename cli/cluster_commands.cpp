@@ -120,6 +120,9 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
                     "Jobs waiting to start at most; past it a job gets 'busy' at once")
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--placement", f->placement, "round-robin | least-loaded | prefix-affinity");
+    sub->add_option("--step-log", h.step_log,
+                    "Write every step the workers run to this file, one JSON line each (for troupe profile "
+                    "--calibrate-with)");
     sub->add_option("--max-frame-bytes", f->max_frame_bytes, "Largest frame accepted");
     sub->add_option("--heartbeat-ms", f->heartbeat_ms, "Heartbeat interval with worker nodes")
         ->check(CLI::Range(50, 60000));

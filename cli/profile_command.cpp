@@ -18,7 +18,8 @@ namespace troupe::cli {
 namespace {
 
 struct ProfileFlags {
-  std::string model, preset, out, refit, stat = "min", device = "cpu";
+  std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with;
+  CLI::Option* stat_flag = nullptr;
   int threads = 0;
   bool quiet = false;
   cluster::ProfileOptions options;
@@ -37,6 +38,12 @@ void print_report(const std::string& out, const cluster::sim::CostProfile& p) {
   print_error_line("fit error (grid):", p.fit_error);
   print_error_line("held-out error (random steps):", p.heldout_error);
   print_error_line("repeatability (even vs odd runs):", p.repeatability);
+  if (p.calibration.steps > 0) {
+    std::printf("calibrated to %zu served steps (%s): fitted again on the grid's %zu points and them\n",
+                p.calibration.steps, p.calibration.source.c_str(), p.fit_points.size());
+    print_error_line("served steps, before calibration:", p.calibration.before);
+    print_error_line("served steps, after calibration:", p.calibration.after);
+  }
   const bool met = p.heldout_error.median_pct <= 5 && p.heldout_error.p90_pct <= 10;
   std::printf("target on held-out steps: median <= 5%%, p90 <= 10%%: %s\n", met ? "met" : "NOT met");
   if (!met && p.repeatability.median_pct > 5)
@@ -50,11 +57,15 @@ int run_profile(ProfileFlags& f) {
     if (!f.model.empty() || !f.preset.empty())
       throw std::invalid_argument("--refit measures nothing: drop --model/--preset");
     cluster::sim::CostProfile p = cluster::sim::read_cost_profile(f.refit);
-    cluster::sim::refit(p, f.options.stat);
+    // Calibrating alone keeps the profile's fit; --stat (or no calibration) fits again.
+    if (f.calibrate_with.empty() || f.stat_flag->count() > 0) cluster::sim::refit(p, f.options.stat);
+    if (!f.calibrate_with.empty())
+      cluster::sim::calibrate(p, cluster::sim::read_step_log(f.calibrate_with), f.calibrate_with);
     cluster::sim::write_cost_profile(f.out, p);
     print_report(f.out, p);
     return 0;
   }
+  if (!f.calibrate_with.empty()) throw std::invalid_argument("--calibrate-with needs --refit COST.json");
   if (f.model.empty() == f.preset.empty())
     throw std::invalid_argument("give --model DIR, or --preset NAME for random weights of a known shape");
   if (f.threads > 0) model::configure_threads({f.threads, 0});
@@ -113,10 +124,14 @@ void add_profile_command(CLI::App& app, Registry& registry) {
                   "Largest step measured, in tokens (0 = 2048, quick 256)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", f->options.seed, "Seed of the tokens and the held-out steps");
-  sub->add_option("--stat", f->stat,
-                  "A point's time from its runs: min (the step without interference; default) or median");
+  f->stat_flag =
+      sub->add_option("--stat", f->stat,
+                      "A point's time from its runs: min (the step without interference; default) or median");
   sub->add_option("--refit", f->refit,
                   "Measure nothing: fit this profile's points again (e.g. with another --stat)");
+  sub->add_option("--calibrate-with", f->calibrate_with,
+                  "With --refit: fit the model again with the served steps of this step log added "
+                  "(troupe serve --step-log), so that it predicts steps as served");
   sub->add_flag("--quiet", f->quiet, "No progress on stderr");
   registry.push_back({sub, [f] { return run_profile(*f); }});
 }

@@ -92,7 +92,13 @@ int run_head(const HeadOptions& o) {
   const transport::SocketId frontend = loop.add_socket(front_opts);
   const transport::SocketId backend = loop.add_socket(back_opts);
 
-  actors::batcher_actor batcher = actors::spawn_batcher(sys, o.batcher);
+  std::shared_ptr<core::StepLog> step_log;
+  if (!o.step_log.empty()) {
+    auto file = std::make_shared<std::ofstream>(o.step_log, std::ios::trunc);
+    if (!*file) throw std::runtime_error("--step-log " + o.step_log + ": cannot write it");
+    step_log = std::make_shared<core::StepLog>(std::move(file));
+  }
+  actors::batcher_actor batcher = actors::spawn_batcher(sys, o.batcher, step_log);
   actors::RouterOptions ro;
   ro.max_queue = o.max_queue;
   ro.max_model_len = cfg.n_positions;
@@ -144,7 +150,8 @@ int run_head(const HeadOptions& o) {
   std::vector<actors::worker_actor> local;
   if (!devices.empty()) {
     const int cpus = model::usable_cpus();
-    const auto budgets = model::split_thread_budget(cpus, static_cast<int>(devices.size()), o.threads_per_worker);
+    const auto budgets =
+        model::split_thread_budget(cpus, static_cast<int>(devices.size()), o.threads_per_worker);
     std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
     for (size_t i = 0; i < devices.size(); ++i) {
       auto& m = models[devices[i]];

@@ -46,6 +46,7 @@ struct HeadOptions {
   HttpOptions http;  // the OpenAI-compatible front: listen "" = none; model_name "" = the model
                      // folder's name; max_model_len is filled in
   std::string ready_file;                           // written with the bound endpoints once serving
+  std::string step_log;  // every step the workers run, one JSON line each (core/step_log.hpp); "" = none
   bool quiet = false;                               // no log lines on stderr
 };
 

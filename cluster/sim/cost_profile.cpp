@@ -88,10 +88,14 @@ RepStat parse_rep_stat(const std::string& text) {
 
 const char* to_string(RepStat stat) { return stat == RepStat::kMin ? "min" : "median"; }
 
+namespace {
+double rep_time(RepStat stat, std::vector<double> reps) {
+  return stat == RepStat::kMin ? *std::min_element(reps.begin(), reps.end()) : core::percentile(reps, 50);
+}
+}  // namespace
+
 void refit(CostProfile& p, RepStat stat) {
-  auto of = [stat](std::vector<double> reps) {
-    return stat == RepStat::kMin ? *std::min_element(reps.begin(), reps.end()) : core::percentile(reps, 50);
-  };
+  auto of = [stat](const std::vector<double>& reps) { return rep_time(stat, reps); };
   if (p.fit_points.empty()) throw std::invalid_argument("refit: the profile has no fit points");
   int64_t largest = 1;
   std::vector<CostSample> fit, held;
@@ -108,6 +112,7 @@ void refit(CostProfile& p, RepStat stat) {
   if (largest > 1) knots.push_back(static_cast<double>(largest));
   p.stat = stat;
   p.cost = CostModel::fit(knots, fit);
+  p.calibration = {};
   p.fit_error = fit_error(p.cost, fit);
   p.heldout_error = fit_error(p.cost, held);
   std::vector<double> diff;
@@ -150,6 +155,12 @@ ordered_json CostProfile::to_json() const {
   j["fit_error"] = error_json(fit_error);
   j["heldout_error"] = error_json(heldout_error);
   j["repeatability"] = error_json(repeatability);
+  if (calibration.steps > 0) {
+    j["served_calibration"] = {{"steps", calibration.steps},
+                               {"source", calibration.source},
+                               {"error_before", error_json(calibration.before)},
+                               {"error_after", error_json(calibration.after)}};
+  }
   ordered_json fit = ordered_json::array(), held = ordered_json::array();
   for (const auto& m : fit_points) fit.push_back(step_json(m));
   for (const auto& m : heldout_points) held.push_back(step_json(m));
@@ -192,9 +203,78 @@ CostProfile CostProfile::from_json(const json& j) {
   p.fit_error = error_from(field(j, "fit_error"));
   p.heldout_error = error_from(field(j, "heldout_error"));
   p.repeatability = error_from(field(j, "repeatability"));
+  if (j.contains("served_calibration")) {
+    const json& c = field(j, "served_calibration");
+    p.calibration.steps = get<size_t>(c, "steps");
+    p.calibration.source = get<std::string>(c, "source");
+    p.calibration.before = error_from(field(c, "error_before"));
+    p.calibration.after = error_from(field(c, "error_after"));
+  }
   for (const auto& x : field(j, "fit_points")) p.fit_points.push_back(step_from(x));
   for (const auto& x : field(j, "heldout_points")) p.heldout_points.push_back(step_from(x));
   return p;
+}
+
+std::vector<CostSample> read_step_log(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("step log " + path + ": cannot read it");
+  std::vector<CostSample> out;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto fail = [&](const std::string& why) {
+      throw std::runtime_error("step log " + path + " line " + std::to_string(no) + ": " + why);
+    };
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) fail("not a JSON object");
+    auto items = j.find("items");
+    auto ms = j.find("ms");
+    if (items == j.end() || !items->is_array() || items->empty()) fail("\"items\" must be a non-empty array");
+    if (ms == j.end() || !ms->is_number() || !(ms->get<double>() > 0)) fail("\"ms\" must be a number > 0");
+    CostSample c;
+    for (const auto& it : *items) {
+      if (!it.is_array() || it.size() != 3 || !it[0].is_number_integer() || !it[1].is_number_integer() ||
+          !it[2].is_number_integer() || it[0].get<int64_t>() < 0 || it[1].get<int64_t>() < 1 ||
+          it[0].get<int64_t>() > INT32_MAX || it[1].get<int64_t>() > INT32_MAX)
+        fail("each item must be [start_pos >= 0, num_tokens >= 1, sample 0|1]");
+      c.shape.add(it[0].get<int32_t>(), it[1].get<int32_t>(), it[2].get<int64_t>() != 0);
+    }
+    c.ns = ms->get<double>() * 1e6;
+    out.push_back(c);
+  }
+  return out;
+}
+
+void calibrate(CostProfile& p, const std::vector<CostSample>& served, const std::string& source) {
+  if (served.size() < 10)
+    throw std::invalid_argument("calibrate: " + std::to_string(served.size()) +
+                                " served steps; at least 10 are needed");
+  for (const CostSample& c : served)
+    if (!(c.ns > 0) || !std::isfinite(c.ns) || c.shape.tokens < 1)
+      throw std::invalid_argument("calibrate: a served step without tokens or a time > 0");
+  auto samples = [&p](const std::vector<MeasuredStep>& points) {
+    std::vector<CostSample> out;
+    for (const MeasuredStep& m : points) {
+      if (m.reps_ns.empty()) throw std::invalid_argument("calibrate: a point has no repetitions");
+      out.push_back({m.sample.shape, rep_time(p.stat, m.reps_ns)});
+    }
+    return out;
+  };
+  const std::vector<CostSample> grid_points = samples(p.fit_points);
+  // The grid's fit, as refit() makes it: what the served steps are measured
+  // against, and what a second calibration starts from. A profile without
+  // measured points (written by hand) has only its model.
+  p.calibration.before =
+      fit_error(grid_points.empty() ? p.cost : CostModel::fit(p.cost.knots, grid_points), served);
+  std::vector<CostSample> all = grid_points;
+  all.insert(all.end(), served.begin(), served.end());
+  p.cost = CostModel::fit(p.cost.knots, all);
+  p.calibration.after = fit_error(p.cost, served);
+  // The profile's own errors now describe the calibrated model.
+  if (!grid_points.empty()) p.fit_error = fit_error(p.cost, grid_points);
+  if (!p.heldout_points.empty()) p.heldout_error = fit_error(p.cost, samples(p.heldout_points));
+  p.calibration.steps = served.size();
+  p.calibration.source = source;
 }
 
 void write_cost_profile(const std::string& path, const CostProfile& profile) {

@@ -63,6 +63,14 @@ struct CostProfile {
   // against from its odd runs (the statistic above), relative difference over
   // every point. No model fits better than its measurements repeat. (Needs 2 runs.)
   FitError repeatability;
+  // Set by calibrate(): the served steps it used and the model's error on
+  // them before and after (steps == 0: not calibrated; `cost` is then the
+  // grid's fit). fit_error and heldout_error above follow the calibrated model.
+  struct Calibration {
+    size_t steps = 0;
+    std::string source;
+    FitError before, after;
+  } calibration;
 
   nlohmann::ordered_json to_json() const;
   static CostProfile from_json(const nlohmann::json& j);  // std::runtime_error naming the field
@@ -73,6 +81,22 @@ struct CostProfile {
 // measures its error on both sets. Throws std::invalid_argument without fit
 // points or repetitions.
 void refit(CostProfile& profile, RepStat stat);
+
+// Served steps from a step log (`troupe serve --step-log`, core/step_log.hpp):
+// each line's shape and time. std::runtime_error naming the file and line on
+// a malformed line; an empty file gives none.
+std::vector<CostSample> read_step_log(const std::string& path);
+
+// Calibrates the cost model to served steps: fits it again (same knots, same
+// weighting) on the grid's points and the served steps together, so that it
+// predicts steps as a served worker runs them -- in succession, as the
+// scheduler forms them, on a worker that may have been idle -- where the
+// served steps are, and as the grid measured them elsewhere (the largest
+// steps, long contexts); a profile without measured points, on the served
+// steps alone. Replaces an earlier calibration; refit() clears it.
+// std::invalid_argument with fewer than 10 served steps or one without
+// tokens or time.
+void calibrate(CostProfile& profile, const std::vector<CostSample>& served, const std::string& source);
 
 void write_cost_profile(const std::string& path, const CostProfile& profile);
 // Throws std::runtime_error naming the file on a missing, unreadable or malformed file.

@@ -362,7 +362,8 @@ TEST(Cluster, DevicesListMakesOneWorkerPerDevice) {
     ASSERT_EQ(submit->wait(seconds(120)), std::optional<int>(0)) << submit->log();
     expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 8);
   }
-  const std::string serve = "timeout 120 " + shell_quote(bin()) + " serve --model " + shell_quote(tiny_model_dir()) +
+  const std::string serve = "timeout 120 " + shell_quote(bin()) + " serve --model " +
+                            shell_quote(tiny_model_dir()) +
                             " --listen tcp://127.0.0.1:* --worker-listen tcp://127.0.0.1:* --devices ";
   auto bad = run_command(serve + "tpu:0");
   EXPECT_NE(bad.status, 0);
@@ -570,10 +571,11 @@ TEST(Cluster, SimulateMatchesServeAndBenchWithAnEmulatedWorker) {
   const std::string cost = dir.file("cost.json");
   cluster::sim::write_cost_profile(cost, profile);
 
-  const std::vector<std::string> workload = {"--num-requests", "24",  "--request-rate", "6",
-                                             "--random-input-len", "24", "--random-output-len", "16",
-                                             "--range-ratio", "0.5", "--seed", "3"};
-  Head head(dir, "head", {"--workers", "0"});
+  const std::vector<std::string> workload = {
+      "--num-requests", "24",  "--request-rate", "6", "--random-input-len", "24", "--random-output-len", "16",
+      "--range-ratio",  "0.5", "--seed",         "3"};
+  const std::string steps = dir.file("steps.jsonl");
+  Head head(dir, "head", {"--workers", "0", "--step-log", steps});
   auto node = start_worker(dir, head, "emu", {"--workers", "1", "--emulate", cost});
   ASSERT_TRUE(head.wait_workers(1)) << head.proc->log() << node->log();
   std::string cmd = shell_quote(bin()) + " bench --to " + shell_quote(head.listen) + " --json " +
@@ -600,6 +602,37 @@ TEST(Cluster, SimulateMatchesServeAndBenchWithAnEmulatedWorker) {
   within("median_tpot_ms", 0.3);
   within("output_throughput", 0.3);
   within("median_e2el_ms", 0.3);
+
+  // The step log has every step the worker ran, each at least its predicted
+  // time (the emulated worker sleeps that long), and calibrating the profile
+  // to it changes little (the head's overhead is not in a step).
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->workers.size(), 1u);
+  const std::vector<cluster::sim::CostSample> served = cluster::sim::read_step_log(steps);
+  EXPECT_EQ(served.size(), st->workers[0].steps);
+  int64_t tokens = 0;
+  for (const auto& c : served) {
+    EXPECT_GE(c.ns, 0.99 * static_cast<double>(profile.cost.predict_ns(c.shape)));
+    tokens += c.shape.tokens;
+  }
+  EXPECT_EQ(tokens,
+            real["total_input_tokens"].get<int64_t>() + real["total_output_tokens"].get<int64_t>() - 24)
+      << "every prompt token once, every output token but the last fed back once";
+  r = run_command(shell_quote(bin()) + " profile --refit " + shell_quote(cost) + " --calibrate-with " +
+                  shell_quote(steps) + " --out " + shell_quote(dir.file("calibrated.json")));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("calibrated to " + std::to_string(served.size()) + " served steps"),
+            std::string::npos)
+      << r.output;
+  const cluster::sim::CostProfile calibrated = cluster::sim::read_cost_profile(dir.file("calibrated.json"));
+  EXPECT_EQ(calibrated.calibration.steps, served.size());
+  EXPECT_LT(calibrated.calibration.after.median_pct, 20);
+  for (const auto& c : served) {
+    const double p = static_cast<double>(profile.cost.predict_ns(c.shape));
+    EXPECT_GE(static_cast<double>(calibrated.cost.predict_ns(c.shape)), 0.9 * p);
+    EXPECT_LT(static_cast<double>(calibrated.cost.predict_ns(c.shape)), 1.5 * p);
+  }
   node->signal(SIGTERM);
   EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
 }

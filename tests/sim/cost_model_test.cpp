@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "cluster/sim/cost_profile.hpp"
 #include "cluster/sim/least_squares.hpp"
 #include "cluster/sim/random.hpp"
+#include "core/step_log.hpp"
 #include "sim_test_utils.hpp"
 
 namespace troupe::cluster::sim {
@@ -257,6 +259,175 @@ TEST(CostProfile, BadFilesSayWhatIsWrong) {
   j["model"]["n_layer"] = "two";
   expect(j.dump(), "n_layer");
   EXPECT_THROW(read_cost_profile("/nonexistent/cost.json"), std::runtime_error);
+}
+
+// A step log written by core::StepLog (what `troupe serve --step-log`
+// writes) reads back as the shapes planned and the times the workers took.
+TEST(StepLog, WritesEachFinishedStepAndReadsBackAsSamples) {
+  auto text = std::make_shared<std::ostringstream>();
+  core::StepLog log(text);
+  core::StepPlan a;
+  a.step_id = 7;
+  a.work.push_back({11, 100, 1, {}, true});
+  a.work.push_back({12, 0, 32, {3, 4}, false});
+  core::StepPlan b = a;
+  b.step_id = 8;
+  core::StepPlan empty;  // nothing to run: never logged
+  empty.step_id = 9;
+  log.planned(1, a);
+  log.planned(2, a);  // the same step id on another worker is another step
+  log.planned(1, b);
+  log.planned(1, empty);
+  EXPECT_EQ(log.pending(), 3u);
+  core::StepResult r;
+  r.step_id = 7;
+  r.forward_ms = 12.5;
+  r.idle_ms = 0.25;
+  log.done(2, r);
+  core::StepResult failed;
+  failed.step_id = 8;
+  failed.error = "out of memory";
+  log.done(1, failed);  // failed steps took no honest time: not written
+  core::StepResult stray;
+  stray.step_id = 42;
+  log.done(1, stray);  // never planned: ignored
+  log.forget(1);       // worker 1 is gone: its step 7 never comes back
+  EXPECT_EQ(log.pending(), 0u);
+  r.forward_ms = 99;
+  log.done(1, r);
+  EXPECT_EQ(text->str(),
+            "{\"worker\":2,\"step\":7,\"items\":[[100,1,1],[0,32,0]],\"ms\":12.5000,\"idle_ms\":0.2500}\n");
+
+  test::TempFile f(text->str() + "\n" + text->str(), ".jsonl");  // a blank line is skipped
+  const std::vector<CostSample> s = read_step_log(f.path);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[1].ns, 12.5e6);
+  EXPECT_EQ(s[0].shape.tokens, 33);
+  EXPECT_EQ(s[0].shape.sample_rows, 1);
+  EXPECT_EQ(s[0].shape.decode_pairs, 101);
+  EXPECT_EQ(s[0].shape.prefill_pairs, 32 * 33 / 2);
+}
+
+TEST(StepLog, MalformedLinesNameTheFileAndLine) {
+  const std::string good = "{\"items\":[[0,4,1]],\"ms\":1.5}\n";
+  auto expect = [&](const std::string& bad, const std::string& what) {
+    test::TempFile f(good + bad + "\n" + good, ".jsonl");
+    try {
+      read_step_log(f.path);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(f.path + " line 2: "), std::string::npos) << m;
+      EXPECT_NE(m.find(what), std::string::npos) << m;
+    }
+  };
+  expect("{\"items\":[[0,4,1]],\"ms\":", "not a JSON object");
+  expect("[1,2]", "not a JSON object");
+  expect("{\"items\":[],\"ms\":1}", "\"items\"");
+  expect("{\"items\":[[0,4,1]],\"ms\":0}", "\"ms\"");
+  expect("{\"items\":[[0,4,1]],\"ms\":\"fast\"}", "\"ms\"");
+  expect("{\"items\":[[0,0,1]],\"ms\":1}", "num_tokens >= 1");
+  expect("{\"items\":[[-1,4,1]],\"ms\":1}", "start_pos >= 0");
+  expect("{\"items\":[[0,4]],\"ms\":1}", "each item");
+  expect("{\"items\":[[0,99999999999,1]],\"ms\":1}", "each item");
+  EXPECT_THROW(read_step_log("/nonexistent/steps.jsonl"), std::runtime_error);
+}
+
+// Served steps whose time differs from the grid's by kind, as measured
+// (decode-only steps faster in succession, steps with a prompt slower):
+// calibration fits them, keeps the grid's steps where no served step is, a
+// second calibration starts from the grid, and a refit clears it.
+TEST(CostProfile, CalibrationFitsServedStepsAndKeepsTheGrid) {
+  CostModel truth;
+  truth.knots = {1, 4, 16, 64, 256};
+  truth.knot_ns = {5e6, 5.2e6, 6e6, 12e6, 30e6};
+  truth.sample_ns = 2e5;
+  truth.decode_pair_ns = 300;
+  truth.prefill_pair_ns = 40;
+  truth.item_ns = 1e4;
+  CostProfile p = profile();
+  p.fit_points.clear();
+  p.stat = RepStat::kMedian;
+  auto point = [&](const StepShape& sh) {
+    MeasuredStep m;
+    m.sample.shape = sh;
+    const double t = static_cast<double>(truth.predict_ns(sh));
+    m.reps_ns = {t, 1.01 * t, 0.99 * t};
+    return m;
+  };
+  for (int32_t b : {1, 2, 4, 8, 16, 32})
+    for (int32_t ctx : {32, 128}) {
+      std::vector<std::tuple<int32_t, int32_t, bool>> items(b, {ctx, 1, true});
+      p.fit_points.push_back(point(shape(items)));
+    }
+  for (int32_t n : {16, 32, 64, 128, 256}) {
+    p.fit_points.push_back(point(shape({{0, n, true}})));
+    p.fit_points.push_back(point(shape({{0, n, true}, {50, 1, true}, {80, 1, true}})));
+  }
+  p.heldout_points = {point(shape({{0, 200, true}}))};
+  refit(p, RepStat::kMedian);
+  const CostModel grid = p.cost;
+  ASSERT_LT(p.fit_error.max_pct, 1.5);
+
+  std::vector<CostSample> served;
+  Random rng(3);
+  for (int i = 0; i < 300; ++i) {
+    CostSample c;
+    const bool prompt = i % 5 == 0;
+    if (prompt) c.shape.add(0, static_cast<int32_t>(rng.uniform_int(64, 256)), true);
+    for (int64_t d = rng.uniform_int(prompt ? 0 : 1, prompt ? 4 : 16); d > 0; --d)
+      c.shape.add(static_cast<int32_t>(rng.uniform_int(20, 400)), 1, true);
+    c.ns = (prompt ? 1.25 : 0.8) * static_cast<double>(truth.predict_ns(c.shape));
+    served.push_back(c);
+  }
+  calibrate(p, served, "steps.jsonl");
+  EXPECT_EQ(p.calibration.steps, 300u);
+  EXPECT_EQ(p.calibration.source, "steps.jsonl");
+  EXPECT_GT(p.calibration.before.median_pct, 15);
+  EXPECT_LT(p.calibration.after.median_pct, 6);
+  const StepShape decode = shape({{100, 1, true}, {200, 1, true}, {300, 1, true}, {150, 1, true}});
+  const StepShape prompt = shape({{0, 150, true}, {60, 1, true}});
+  EXPECT_NEAR(p.cost.predict_ns(decode) / (0.8 * truth.predict_ns(decode)), 1.0, 0.06);
+  EXPECT_NEAR(p.cost.predict_ns(prompt) / (1.25 * truth.predict_ns(prompt)), 1.0, 0.06);
+  // No served step has 32 sequences: the grid decides there.
+  std::vector<std::tuple<int32_t, int32_t, bool>> wide(32, {128, 1, true});
+  EXPECT_NEAR(p.cost.predict_ns(shape(wide)) / static_cast<double>(truth.predict_ns(shape(wide))), 1.0, 0.15);
+  EXPECT_GT(p.fit_error.median_pct, 1.5) << "the profile's errors follow the calibrated model";
+
+  test::TempFile f("", ".json");
+  write_cost_profile(f.path, p);
+  const CostProfile q = read_cost_profile(f.path);
+  EXPECT_EQ(q.cost.predict_ns(prompt), p.cost.predict_ns(prompt));
+  EXPECT_EQ(q.calibration.source, "steps.jsonl");
+  EXPECT_EQ(q.calibration.steps, 300u);
+  EXPECT_EQ(q.calibration.after.max_pct, p.calibration.after.max_pct);
+
+  // Calibrating again measures against the grid's fit, not the calibrated one.
+  for (CostSample& c : served) c.ns = static_cast<double>(truth.predict_ns(c.shape));
+  calibrate(p, served, "as-profiled.jsonl");
+  EXPECT_LT(p.calibration.before.max_pct, 1.5);
+  EXPECT_NEAR(p.cost.predict_ns(decode) / static_cast<double>(grid.predict_ns(decode)), 1.0, 0.02);
+
+  refit(p, RepStat::kMedian);
+  EXPECT_EQ(p.calibration.steps, 0u);
+  EXPECT_EQ(p.cost.predict_ns(prompt), grid.predict_ns(prompt));
+
+  // A profile written by hand (no measured points): the served steps alone.
+  CostProfile hand = profile();
+  hand.fit_points.clear();
+  hand.heldout_points.clear();
+  hand.cost = truth;
+  for (CostSample& c : served) c.ns = 2.0 * static_cast<double>(truth.predict_ns(c.shape));
+  calibrate(hand, served, "doubled.jsonl");
+  EXPECT_GT(hand.calibration.before.median_pct, 45);
+  EXPECT_LT(hand.calibration.after.max_pct, 2);
+  EXPECT_NEAR(hand.cost.predict_ns(decode) / (2.0 * truth.predict_ns(decode)), 1.0, 0.02);
+  EXPECT_FALSE(p.to_json().contains("served_calibration"));
+  served.resize(9);
+  EXPECT_THROW(calibrate(p, served, "few"), std::invalid_argument);
+  served.resize(10, served[0]);
+  served[3].ns = 0;
+  EXPECT_THROW(calibrate(p, served, "zero"), std::invalid_argument);
 }
 
 }  // namespace
