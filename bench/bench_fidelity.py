@@ -6,12 +6,21 @@ and output tokens/s within 10%.
 
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 64]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.85]
-                          [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--out DIR]
+                          [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--repeats 3]
+                          [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
 interference the profile's runs did; the minimum, `troupe profile`'s default, predicts a quiet machine).
---loads are fractions of the capacity the simulator finds for the cluster (all requests at once). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
+--loads are fractions of the capacity the simulator finds for the cluster (all requests at once).
+
+The simulator's head and client are free; here they share the machine, so the workers get the CPUs but one
+(--threads overrides): a worker whose threads compete with the head's ran its steps up to 1.8x slower than
+profiled. Each load is served --repeats times (the served system's own spread, printed beside the error); the
+head writes every step (`serve --step-log`), the cost model is calibrated to them (`troupe profile --refit
+--calibrate-with`) and the calibration of the first load is carried to the others (`simulate --step-log`
+writes the simulated steps beside the served ones). Run from the project root after scripts/setup.sh; name
+the CPU beside the numbers.
 """
 import argparse
 import json
@@ -37,6 +46,8 @@ ap.add_argument("--stat", default="median", choices=["min", "median"],
                 help="a profile point's time from its runs: the median (what service sees, default) or the min")
 ap.add_argument("--threads", type=int, default=0,
                 help="threads per worker (0: the CPUs but one, for the head and the client, split among the workers)")
+ap.add_argument("--repeats", type=int, default=3,
+                help="served runs per load (the served system's own spread, beside the simulator's error)")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -98,56 +109,66 @@ capacity = simulate("inf", "capacity")["request_throughput"]
 log(f"simulated capacity: {capacity:.3f} req/s")
 KEYS = (("median_ttft_ms", "median TTFT ms", 15), ("median_tpot_ms", "median TPOT ms", 10),
         ("output_throughput", "output tok/s", 10))
-rows = []
-for load in [float(x) for x in a.loads.split(",")]:
+loads = [float(x) for x in a.loads.split(",")]
+
+
+def spread(runs, key):
+    v = [r[key] for r in runs]
+    return sum(v) / len(v), min(v), max(v)
+
+
+def compare(load, rate, runs, sim, label, out):
+    for key, name, target in KEYS:
+        mean, lo, hi = spread(runs, key)
+        err = 100 * (sim[key] - mean) / mean if mean else float("inf")
+        out.append((label, rate, name, mean, lo, hi, sim[key], err, target))
+        log(f"{label} ({rate} req/s) {name}: measured {mean:.2f} ({lo:.2f}-{hi:.2f} over {len(runs)} runs), "
+            f"simulated {sim[key]:.2f}, {err:+.1f}%")
+
+
+rows, served = [], {}
+for load in loads:
     rate = round(load * capacity, 4)
     sim = simulate(rate, f"{load}")
-    real = measure(rate, f"{load}")
-    for key, name, target in KEYS:
-        err = 100 * (sim[key] - real[key]) / real[key] if real[key] else float("inf")
-        rows.append((load, rate, name, real[key], sim[key], err, target))
-        log(f"load {load:.2f} ({rate} req/s) {name}: measured {real[key]:.2f}, simulated {sim[key]:.2f}, "
-            f"{err:+.1f}%")
+    runs = [measure(rate, f"{load}-r{r}") for r in range(a.repeats)]
+    served[load] = runs
+    compare(load, rate, runs, sim, f"load {load:.2f}", rows)
     s_steps, s_busy = sim_busy(sim)
-    if real["worker_steps"] and s_steps:
-        r_ms, s_ms = 1e3 * real["worker_busy_s"] / real["worker_steps"], 1e3 * s_busy / s_steps
-        log(f"load {load:.2f}: worker steps measured {real['worker_steps']} ({r_ms:.2f} ms each, "
-            f"busy {real['worker_busy_s']:.2f} s), simulated {s_steps} ({s_ms:.2f} ms each, busy {s_busy:.2f} s): "
-            f"the served step is {100 * (r_ms - s_ms) / s_ms:+.1f}% against the cost model")
-    # Step by step: the cost model against each served step (troupe profile --calibrate-with).
-    cal = run([T, "profile", "--refit", cost, "--calibrate-with", str(work / f"steps-{load}.jsonl"), "--out",
+    for r, real in enumerate(runs):
+        if real["worker_steps"] and s_steps:
+            r_ms, s_ms = 1e3 * real["worker_busy_s"] / real["worker_steps"], 1e3 * s_busy / s_steps
+            log(f"load {load:.2f} run {r}: worker steps measured {real['worker_steps']} ({r_ms:.2f} ms each, "
+                f"busy {real['worker_busy_s']:.2f} s), simulated {s_steps} ({s_ms:.2f} ms each, busy "
+                f"{s_busy:.2f} s): the served step is {100 * (r_ms - s_ms) / s_ms:+.1f}% against the cost model")
+    # Step by step: the cost model against every served step (troupe profile --calibrate-with).
+    steps = work / f"steps-{load}.jsonl"
+    steps.write_text("".join((work / f"steps-{load}-r{r}.jsonl").read_text() for r in range(a.repeats)))
+    cal = run([T, "profile", "--refit", cost, "--calibrate-with", str(steps), "--out",
                str(work / f"cost-calibrated-{load}.json")]).stdout
     for line in cal.splitlines():
         if "served steps" in line or "calibrated to" in line:
             log(f"load {load:.2f}: {line.strip()}")
 
-# Calibrated on the first load's served steps, the simulator at the others: does a calibration carry over?
-loads = [float(x) for x in a.loads.split(",")]
+# Calibrated on another load's served steps (the first load's; the second's for the first), the simulator at
+# each load: does a calibration carry over?
 calibrated_rows = []
-for load in loads[1:]:
+for load in loads if len(loads) > 1 else []:
+    src = loads[1] if load == loads[0] else loads[0]
     rate = round(load * capacity, 4)
     out = work / f"sim-{load}-calibrated.json"
-    run([T, "simulate", "--cost", str(work / f"cost-calibrated-{loads[0]}.json")] + sim_flags[2:] + workload +
-        ["--request-rate", str(rate), "--json", str(out)])
-    sim = json.load(open(out))
-    real = json.load(open(work / f"bench-{load}.json"))
-    for key, name, target in KEYS:
-        err = 100 * (sim[key] - real[key]) / real[key] if real[key] else float("inf")
-        calibrated_rows.append((load, rate, name, real[key], sim[key], err, target))
-        log(f"load {load:.2f}, cost model calibrated at load {loads[0]:.2f}: {name}: measured {real[key]:.2f}, "
-            f"simulated {sim[key]:.2f}, {err:+.1f}%")
+    run([T, "simulate", "--cost", str(work / f"cost-calibrated-{src}.json")] + sim_flags[2:] + workload +
+        ["--request-rate", str(rate), "--json", str(out), "--step-log", str(work / f"sim-steps-{load}.jsonl")])
+    compare(load, rate, served[load], json.load(open(out)), f"load {load:.2f}, calibrated at {src:.2f}",
+            calibrated_rows)
 
 print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
       f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
-      f"Poisson, seed {a.seed}")
+      f"Poisson, seed {a.seed}; measured = mean (min-max) of {a.repeats} served runs")
 print("| load (of capacity) | rate req/s | metric | measured (serve + bench) | simulated | error | target |")
 print("|---|---:|---|---:|---:|---:|---|")
-for load, rate, name, real, sim, err, target in rows:
+for label, rate, name, mean, lo, hi, sim, err, target in rows + calibrated_rows:
     ok = "met" if abs(err) <= target else "NOT met"
-    print(f"| {load:.2f} | {rate:.3f} | {name} | {real:.2f} | {sim:.2f} | {err:+.1f}% | ±{target}%: {ok} |")
-for load, rate, name, real, sim, err, target in calibrated_rows:
-    ok = "met" if abs(err) <= target else "NOT met"
-    print(f"| {load:.2f}, calibrated at {loads[0]:.2f} | {rate:.3f} | {name} | {real:.2f} | {sim:.2f} | {err:+.1f}% | "
+    print(f"| {label[5:]} | {rate:.3f} | {name} | {mean:.2f} ({lo:.2f}-{hi:.2f}) | {sim:.2f} | {err:+.1f}% | "
           f"±{target}%: {ok} |")
-json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "rows": rows, "calibrated_rows": calibrated_rows}, open(work / "fidelity.json", "w"),
-          indent=1)
+json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "repeats": a.repeats, "rows": rows,
+           "calibrated_rows": calibrated_rows}, open(work / "fidelity.json", "w"), indent=1)

@@ -45,7 +45,7 @@ struct SimulateFlags {
   std::string kv_memory = "2GiB", placement = "prefix-affinity", overlong = "clip";
   bool no_prefix_caching = false, no_chunked_prefill = false, no_worker_tables = false;
   uint64_t seed = 0;
-  std::string json, csv, plot, sweep, percentiles = "90,99";
+  std::string json, csv, plot, sweep, percentiles = "90,99", step_log;
   bool json_itls = false, find_workers = false, progress = false, quiet = false;
   int32_t max_workers = 1024;
   std::vector<std::string> goodput;
@@ -220,6 +220,13 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   if (f.overlong != "clip" && f.overlong != "fail")
     throw std::invalid_argument("--overlong must be clip or fail, got '" + f.overlong + "'");
   o.overlong = f.overlong == "clip" ? sim::OverlongPolicy::kClip : sim::OverlongPolicy::kFail;
+  if (!f.step_log.empty()) {
+    if (f.given("--sweep") || f.find_workers)
+      throw std::invalid_argument("--step-log writes one run's steps: not with --sweep or --find-workers");
+    auto file = std::make_shared<std::ofstream>(f.step_log, std::ios::trunc);
+    if (!*file) throw std::invalid_argument("--step-log " + f.step_log + ": cannot write it");
+    o.step_log = std::make_shared<core::StepLog>(std::move(file));
+  }
   return o;
 }
 
@@ -487,6 +494,9 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
   sub->add_option("--overlong", f->overlong, "Requests longer than the model's context: clip or fail");
   sub->add_option("--seed", f->seed, "Seed of the workload, prompts and schedulers");
   sub->add_option("--json", f->json, "Write the result (vLLM's benchmark keys + the cluster's side)");
+  sub->add_option("--step-log", f->step_log,
+                  "Write every simulated step, one JSON line each (troupe serve --step-log's format, the "
+                  "predicted time as ms)");
   sub->add_flag("--json-itls", f->json_itls, "Include every request's inter-token gaps in --json");
   sub->add_option("--csv", f->csv, "Write series.csv, workers.csv, requests.csv into this folder");
   sub->add_option("--plot", f->plot, "Draw PNG and SVG plots (gnuplot) into this folder");

@@ -244,6 +244,7 @@ class Simulation {
         auto plans = o_.schedule_all_workers ? batcher_.schedule(now_) : batcher_.schedule(now_, id);
         for (core::Dispatch& d : plans) {
           Worker& w = workers_[d.worker - 1];
+          if (o_.step_log) o_.step_log->planned(d.worker, d.plan);
           const int64_t arrive = w.down.send(now_, metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
           w.to_worker.push_back(std::move(d.plan));
           push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
@@ -339,6 +340,7 @@ class Simulation {
   void result_arrives(Worker& w) {
     core::StepResult r = std::move(w.to_head.front());
     w.to_head.pop_front();
+    if (o_.step_log) o_.step_log->done(w.id, r);
     if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
     touched_.push_back(w.id);
     head_changed();

@@ -43,6 +43,7 @@
 #include "cluster/sim/workload.hpp"
 #include "core/batcher.hpp"
 #include "core/serving_metrics.hpp"
+#include "core/step_log.hpp"
 
 namespace troupe::cluster::sim {
 
@@ -73,6 +74,10 @@ struct SimOptions {
   // real worker does. false skips that (the plans are run as they stand):
   // the same result, faster, for long runs once the protocol is trusted.
   bool worker_tables = true;
+  // Every step the workers run, written as its result reaches the head, in
+  // `troupe serve --step-log`'s format (its `ms` the predicted time; idle_ms 0):
+  // served and simulated steps side by side. Unset: none.
+  std::shared_ptr<core::StepLog> step_log;
   // Called now and then (every 2^16 events) and at the end: requests finished, of total.
   std::function<void(int64_t finished, int64_t total)> progress;
 };

@@ -2,6 +2,8 @@
 // real files. The profile of the tiny model is made once per test process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,12 +110,20 @@ TEST(CliSimulate, SameInputsGiveTheSameBytes) {
       "--workers 2 --request-rate 20 --num-requests 60 --random-input-len 40 "
       "--random-output-len 12 --range-ratio 0.5 --seed 3 --goodput ttft:50 tpot:20 "
       "--net-latency-us 200 --net-bandwidth-gbps 1 --json ";
-  auto a = run_command(tcmd(sim_args(args + shell_quote(d.file("a.json")))));
+  auto a = run_command(
+      tcmd(sim_args(args + shell_quote(d.file("a.json")) + " --step-log " + shell_quote(d.file("a.jsonl")))));
   ASSERT_EQ(a.status, 0) << a.output;
-  auto b = run_command(tcmd(sim_args(args + shell_quote(d.file("b.json")))));
+  auto b = run_command(
+      tcmd(sim_args(args + shell_quote(d.file("b.json")) + " --step-log " + shell_quote(d.file("b.jsonl")))));
   ASSERT_EQ(b.status, 0) << b.output;
   const std::string ja = read_file(d.file("a.json")), jb = read_file(d.file("b.json"));
   EXPECT_EQ(ja, jb);
+  const std::string sa = read_file(d.file("a.jsonl"));
+  EXPECT_EQ(sa, read_file(d.file("b.jsonl")));
+  int64_t steps = 0;
+  const json parsed = json::parse(ja);
+  for (const auto& w : parsed["workers"]) steps += w["steps"].get<int64_t>();
+  EXPECT_EQ(std::count(sa.begin(), sa.end(), '\n'), steps) << "one line a step";
   auto c = run_command(tcmd(
       sim_args("--workers 2 --request-rate 20 --num-requests 60 --random-input-len 40 --random-output-len 12 "
                "--range-ratio 0.5 --seed 4 --goodput ttft:50 tpot:20 --net-latency-us 200 "
@@ -240,6 +250,8 @@ TEST(CliSimulate, Errors) {
   expect("simulate --num-requests 5", 2, "--cost");
   expect(sim_args("--goodput ttft"), 2, "ttft");
   expect(sim_args("--sweep rate=5:1:1"), 2, "--sweep");
+  expect(sim_args("--sweep rate=1:5:1 --step-log /tmp/never-written.jsonl"), 2, "--step-log");
+  expect(sim_args("--step-log /nonexistent/steps.jsonl"), 2, "cannot write");
   expect(sim_args("--placement random"), 2, "placement");
   expect(sim_args("--block-size 32"), 2, "block size");
   expect(sim_args("--trace-format azure"), 2, "--trace");

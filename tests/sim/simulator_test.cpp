@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
+#include "cluster/sim/cost_profile.hpp"
 #include "cluster/sim/event_queue.hpp"
 #include "sim_test_utils.hpp"
 
@@ -181,6 +183,42 @@ TEST(Simulator, PreemptionUnderKvPressureLosesNothing) {
   }
   EXPECT_EQ(r.workers[0].tokens_generated, 240);
   EXPECT_EQ(r.workers[0].refused_items, 0);
+}
+
+// --step-log: every simulated step, its shape and predicted time, in the
+// served log's format (so profile --calibrate-with and a comparison read it).
+TEST(Simulator, StepLogHasEveryStepWithItsPredictedTime) {
+  auto cost = std::make_shared<CostModel>();
+  cost->knots = {1, 64};
+  cost->knot_ns = {2 * kMs, 9 * kMs};
+  cost->decode_pair_ns = 1000;
+  SimOptions o;
+  o.workers = {worker(cost), worker(cost)};
+  auto text = std::make_shared<std::ostringstream>();
+  o.step_log = std::make_shared<core::StepLog>(text);
+  std::vector<WorkloadRequest> w;
+  for (int i = 0; i < 8; ++i) w.push_back(request(i * 3 * kMs, 30 + 7 * i, 5 + i));
+  const SimResult r = simulate(w, o);
+  EXPECT_EQ(o.step_log->pending(), 0u);
+  test::TempFile f(text->str(), ".jsonl");
+  const std::vector<CostSample> steps = read_step_log(f.path);
+  int64_t want_steps = 0, want_tokens = 0, tokens = 0;
+  double busy_ns = 0;
+  for (const auto& wr : r.workers) {
+    want_steps += wr.steps;
+    want_tokens += wr.tokens_run;
+    busy_ns += static_cast<double>(wr.busy_ns);
+  }
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), want_steps);
+  double ns = 0;
+  for (const CostSample& c : steps) {
+    EXPECT_NEAR(c.ns, static_cast<double>(cost->predict_ns(c.shape)), 100);  // ms with 4 decimals
+    tokens += c.shape.tokens;
+    ns += c.ns;
+  }
+  EXPECT_EQ(tokens, want_tokens);
+  EXPECT_NEAR(ns, busy_ns, 100.0 * static_cast<double>(steps.size()));
+  EXPECT_NE(text->str().find("\"worker\":2"), std::string::npos) << "both workers' steps";
 }
 
 TEST(Simulator, TimeSeriesAccountsForTheRun) {
