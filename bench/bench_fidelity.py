@@ -18,9 +18,9 @@ The simulator's head and client are free; here they share the machine, so the wo
 (--threads overrides): a worker whose threads compete with the head's ran its steps up to 1.8x slower than
 profiled. Each load is served --repeats times (the served system's own spread, printed beside the error); the
 head writes every step (`serve --step-log`), the cost model is calibrated to them (`troupe profile --refit
---calibrate-with`) and the calibration of the first load is carried to the others (`simulate --step-log`
-writes the simulated steps beside the served ones). Run from the project root after scripts/setup.sh; name
-the CPU beside the numbers.
+--calibrate-with`), and each load is simulated again with the other load's calibration and with its own
+(in-sample: the simulator given the served steps' costs); `simulate --step-log` writes the simulated steps
+beside the served ones. Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
 """
 import argparse
 import json
@@ -151,15 +151,18 @@ for load in loads:
 
 # Calibrated on another load's served steps (the first load's; the second's for the first), the simulator at
 # each load: does a calibration carry over?
+# Then calibrated on the same load's runs (in-sample): with the served steps' own costs, how close do the
+# simulated latencies come? What is left there is the simulator's; the rest, the step costs' drift.
 calibrated_rows = []
-for load in loads if len(loads) > 1 else []:
-    src = loads[1] if load == loads[0] else loads[0]
-    rate = round(load * capacity, 4)
-    out = work / f"sim-{load}-calibrated.json"
-    run([T, "simulate", "--cost", str(work / f"cost-calibrated-{src}.json")] + sim_flags[2:] + workload +
-        ["--request-rate", str(rate), "--json", str(out), "--step-log", str(work / f"sim-steps-{load}.jsonl")])
-    compare(load, rate, served[load], json.load(open(out)), f"load {load:.2f}, calibrated at {src:.2f}",
-            calibrated_rows)
+for load in loads:
+    for src in ([loads[1] if load == loads[0] else loads[0]] if len(loads) > 1 else []) + [load]:
+        rate = round(load * capacity, 4)
+        tag = f"{load}-calibrated-at-{src}"
+        out = work / f"sim-{tag}.json"
+        run([T, "simulate", "--cost", str(work / f"cost-calibrated-{src}.json")] + sim_flags[2:] + workload +
+            ["--request-rate", str(rate), "--json", str(out), "--step-log", str(work / f"sim-steps-{tag}.jsonl")])
+        label = f"load {load:.2f}, " + (f"calibrated at {src:.2f}" if src != load else "calibrated on these runs")
+        compare(load, rate, served[load], json.load(open(out)), label, calibrated_rows)
 
 print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
       f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
