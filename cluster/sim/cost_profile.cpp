@@ -269,6 +269,20 @@ void calibrate(CostProfile& p, const std::vector<CostSample>& served, const std:
   std::vector<CostSample> all = grid_points;
   all.insert(all.end(), served.begin(), served.end());
   p.cost = CostModel::fit(p.cost.knots, all);
+  // The fit follows the typical step (relative error); a served run's busy
+  // time is the sum of its steps, slow tail included. Scale the model so
+  // that it predicts that sum.
+  double served_ns = 0, predicted_ns = 0;
+  for (const CostSample& c : served) {
+    served_ns += c.ns;
+    predicted_ns += static_cast<double>(p.cost.predict_ns(c.shape));
+  }
+  if (predicted_ns > 0) {
+    const double scale = served_ns / predicted_ns;
+    for (double& k : p.cost.knot_ns) k *= scale;
+    for (double* c : {&p.cost.sample_ns, &p.cost.decode_pair_ns, &p.cost.prefill_pair_ns, &p.cost.item_ns})
+      *c *= scale;
+  }
   p.calibration.after = fit_error(p.cost, served);
   // The profile's own errors now describe the calibrated model.
   if (!grid_points.empty()) p.fit_error = fit_error(p.cost, grid_points);

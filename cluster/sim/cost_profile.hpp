@@ -93,7 +93,9 @@ std::vector<CostSample> read_step_log(const std::string& path);
 // scheduler forms them, on a worker that may have been idle -- where the
 // served steps are, and as the grid measured them elsewhere (the largest
 // steps, long contexts); a profile without measured points, on the served
-// steps alone. Replaces an earlier calibration; refit() clears it.
+// steps alone. The fit is then scaled so that its total over the served
+// steps is theirs (the relative-error fit follows the typical step and
+// misses the slow tail that a run's busy time includes). Replaces an earlier calibration; refit() clears it.
 // std::invalid_argument with fewer than 10 served steps or one without
 // tokens or time.
 void calibrate(CostProfile& profile, const std::vector<CostSample>& served, const std::string& source);

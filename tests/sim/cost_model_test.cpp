@@ -422,6 +422,19 @@ TEST(CostProfile, CalibrationFitsServedStepsAndKeepsTheGrid) {
   EXPECT_GT(hand.calibration.before.median_pct, 45);
   EXPECT_LT(hand.calibration.after.max_pct, 2);
   EXPECT_NEAR(hand.cost.predict_ns(decode) / (2.0 * truth.predict_ns(decode)), 1.0, 0.02);
+
+  // A slow tail (every fifth step 1.6x): the fit follows the typical step,
+  // the scale makes the total the served total.
+  for (size_t i = 0; i < served.size(); ++i)
+    served[i].ns = (i % 5 == 3 ? 1.6 : 1.0) * static_cast<double>(truth.predict_ns(served[i].shape));
+  calibrate(hand, served, "tail.jsonl");
+  double total = 0, predicted = 0;
+  for (const CostSample& c : served) {
+    total += c.ns;
+    predicted += static_cast<double>(hand.cost.predict_ns(c.shape));
+  }
+  EXPECT_NEAR(predicted / total, 1.0, 1e-4);
+  EXPECT_GT(hand.cost.predict_ns(decode), 1.05 * truth.predict_ns(decode)) << "above the typical step";
   EXPECT_FALSE(p.to_json().contains("served_calibration"));
   served.resize(9);
   EXPECT_THROW(calibrate(p, served, "few"), std::invalid_argument);
