@@ -95,9 +95,9 @@ std::vector<CostSample> read_step_log(const std::string& path);
 // steps, long contexts); a profile without measured points, on the served
 // steps alone. The fit is then scaled so that its total over the served
 // steps is theirs (the relative-error fit follows the typical step and
-// misses the slow tail that a run's busy time includes). Replaces an earlier calibration; refit() clears it.
-// std::invalid_argument with fewer than 10 served steps or one without
-// tokens or time.
+// misses the slow tail that a run's busy time includes). Replaces an
+// earlier calibration; refit() clears it. std::invalid_argument with fewer
+// than 10 served steps or one without tokens or time.
 void calibrate(CostProfile& profile, const std::vector<CostSample>& served, const std::string& source);
 
 void write_cost_profile(const std::string& path, const CostProfile& profile);
