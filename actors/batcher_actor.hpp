@@ -9,10 +9,10 @@
 //   router ◀──(events)──── batcher ◀──(result, worker id, StepResult)── worker
 //   membership ──(wjoin | wlost | wdrain)──▶ batcher ──(drained, worker id)──▶ membership
 #include <memory>
+
 #include "actors/messages.hpp"
 #include "actors/router_actor.hpp"
 #include "actors/worker_actor.hpp"
-
 #include "core/batcher.hpp"
 #include "core/step_log.hpp"
 

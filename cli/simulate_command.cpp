@@ -223,9 +223,8 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)
       throw std::invalid_argument("--step-log writes one run's steps: not with --sweep or --find-workers");
-    auto file = std::make_shared<std::ofstream>(f.step_log, std::ios::trunc);
-    if (!*file) throw std::invalid_argument("--step-log " + f.step_log + ": cannot write it");
-    o.step_log = std::make_shared<core::StepLog>(std::move(file));
+    o.step_log = core::StepLog::to_file(f.step_log);
+    if (!o.step_log) throw std::invalid_argument("--step-log " + f.step_log + ": cannot write it");
   }
   return o;
 }

@@ -93,11 +93,8 @@ int run_head(const HeadOptions& o) {
   const transport::SocketId backend = loop.add_socket(back_opts);
 
   std::shared_ptr<core::StepLog> step_log;
-  if (!o.step_log.empty()) {
-    auto file = std::make_shared<std::ofstream>(o.step_log, std::ios::trunc);
-    if (!*file) throw std::runtime_error("--step-log " + o.step_log + ": cannot write it");
-    step_log = std::make_shared<core::StepLog>(std::move(file));
-  }
+  if (!o.step_log.empty() && !(step_log = core::StepLog::to_file(o.step_log)))
+    throw std::runtime_error("--step-log " + o.step_log + ": cannot write it");
   actors::batcher_actor batcher = actors::spawn_batcher(sys, o.batcher, step_log);
   actors::RouterOptions ro;
   ro.max_queue = o.max_queue;

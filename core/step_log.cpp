@@ -1,8 +1,15 @@
 #include "core/step_log.hpp"
 
 #include <cstdio>
+#include <fstream>
 
 namespace troupe::core {
+
+std::shared_ptr<StepLog> StepLog::to_file(const std::string& path) {
+  auto file = std::make_shared<std::ofstream>(path, std::ios::trunc);
+  if (!*file) return nullptr;
+  return std::make_shared<StepLog>(std::move(file));
+}
 
 void StepLog::planned(uint64_t worker, const StepPlan& plan) {
   if (plan.work.empty()) return;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <ostream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,9 @@ class StepLog {
  public:
   // Owns the stream: the actor that writes may outlive whoever opened it.
   explicit StepLog(std::shared_ptr<std::ostream> out) : out_(std::move(out)) {}
+  // A log written to the file at `path` (emptied first); nullptr when it
+  // cannot be written (the caller says so in its own terms).
+  static std::shared_ptr<StepLog> to_file(const std::string& path);
   void planned(uint64_t worker, const StepPlan& plan);
   void done(uint64_t worker, const StepResult& result);
   // Plans of a worker that is gone (their results will never come).

@@ -306,6 +306,17 @@ TEST(StepLog, WritesEachFinishedStepAndReadsBackAsSamples) {
   EXPECT_EQ(s[0].shape.sample_rows, 1);
   EXPECT_EQ(s[0].shape.decode_pairs, 101);
   EXPECT_EQ(s[0].shape.prefill_pairs, 32 * 33 / 2);
+
+  EXPECT_EQ(core::StepLog::to_file("/nonexistent/steps.jsonl"), nullptr);
+  test::TempFile g("stale line\n", ".jsonl");
+  {
+    auto file_log = core::StepLog::to_file(g.path);
+    ASSERT_NE(file_log, nullptr);
+    file_log->planned(2, a);
+    r.forward_ms = 12.5;
+    file_log->done(2, r);
+  }
+  EXPECT_EQ(read_step_log(g.path).size(), 1u) << "the file is emptied first";
 }
 
 TEST(StepLog, MalformedLinesNameTheFileAndLine) {
