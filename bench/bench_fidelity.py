@@ -15,8 +15,8 @@ interference the profile's runs did; the minimum, `troupe profile`'s default, pr
 --loads are fractions of the capacity the simulator finds for the cluster (all requests at once).
 
 The simulator's head and client are free; here they share the machine, so the workers get the CPUs but one
-(--threads overrides): a worker whose threads compete with the head's ran its steps up to 1.8x slower than
-profiled. Each load is served --repeats times (the served system's own spread, printed beside the error); the
+(--threads overrides): with the worker's threads competing with the head's, the served latencies were 1.8x
+the simulated ones at 85% load. Each load is served --repeats times (the served system's own spread, printed beside the error); the
 head writes every step (`serve --step-log`), the cost model is calibrated to them (`troupe profile --refit
 --calibrate-with`), and each load is simulated again with the other load's calibration and with its own
 (in-sample: the simulator given the served steps' costs); `simulate --step-log` writes the simulated steps
