@@ -1,8 +1,10 @@
 // bench_paged_attention: measured side by side in one run (fp32, random data;
 // speed does not depend on values).
-//  1. A decode step's paged attention (1 query per sequence) at batch 16,
-//     context 512, GPT-2's 12 heads x 64, block 16: the in-place CPU kernel vs
-//     the portable gather path.
+//  1. A decode step's paged attention (1 query per sequence), GPT-2's 12
+//     heads x 64, block 16: the in-place CPU kernel vs the portable gather
+//     path, at batch 16 x context 512 for one layer, and at batch 64 x
+//     context 128 for 12 layers (a whole step's K/V, beside the streaming
+//     read bandwidth).
 //  2. Gpt2::forward_step decode steps on GPT-2 124M (context 128) at batch 1,
 //     16 and 64 against a floor: one plain matrix-vector product over every
 //     weight matrix (4 per block and the tied LM head), i.e. what a decode
@@ -72,25 +74,44 @@ torch::Tensor block_tables(int64_t batch, int64_t ctx, int64_t bs, int64_t num_b
   return t;
 }
 
-void bench_attention(int iters) {
-  const int64_t B = 16, ctx = 512, H = 12, D = 64, bs = 16;
+// One decode step's paged attention for B sequences at context ctx, over
+// `layers` pools of their own (as a forward step reads them one after the
+// other: with 12 layers a 64 x 128 step's K/V is 604 MB, far beyond the
+// caches), in place and through the gather path; the kernel's K/V read rate
+// beside the streaming read bandwidth measured in this run.
+void bench_attention(int iters, int64_t B, int64_t ctx, int64_t layers) {
+  const int64_t H = 12, D = 64, bs = 16;
   const int64_t nb = B * ((ctx + bs - 1) / bs) + 8;
   std::mt19937 rng(1);
-  PagedAttentionInput in;
-  in.q = torch::randn({B, H, D});
-  in.k_pool = torch::randn({nb, H, bs, D});
-  in.v_pool = torch::randn({nb, H, bs, D});
-  in.block_tables = block_tables(B, ctx, bs, nb, rng);
-  for (int64_t s = 0; s <= B; ++s) in.query_start.push_back(s);
-  in.context_lens.assign(static_cast<size_t>(B), ctx);
-  const double diff = (paged_attention_cpu(in) - paged_attention_gather(in)).abs().max().item<double>();
-  const auto t = alternate(iters, {[&] { paged_attention_cpu(in); }, [&] { paged_attention_gather(in); }});
-  std::printf("paged attention, decode step: batch %lld, context %lld, %lld heads x %lld, block %lld\n",
-              (long long)B, (long long)ctx, (long long)H, (long long)D, (long long)bs);
-  std::printf("  best / median of %d alternating runs\n", iters);
-  std::printf("  kernel (in place)  %8.3f / %8.3f ms\n", t[0].best, t[0].median);
+  std::vector<PagedAttentionInput> in(static_cast<size_t>(layers));
+  for (auto& l : in) {
+    l.q = torch::randn({B, H, D});
+    l.k_pool = torch::randn({nb, H, bs, D});
+    l.v_pool = torch::randn({nb, H, bs, D});
+    l.block_tables = block_tables(B, ctx, bs, nb, rng);
+    for (int64_t s = 0; s <= B; ++s) l.query_start.push_back(s);
+    l.context_lens.assign(static_cast<size_t>(B), ctx);
+  }
+  const double diff =
+      (paged_attention_cpu(in.front()) - paged_attention_gather(in.front())).abs().max().item<double>();
+  const auto t = alternate(iters, {[&] {
+                                     for (const auto& l : in) paged_attention_cpu(l);
+                                   },
+                                   [&] {
+                                     for (const auto& l : in) paged_attention_gather(l);
+                                   }});
+  const double read_gbs = troupe::bench::read_bandwidth_gbs(size_t{512} << 20, 0, 3);
+  const double bytes = 2.0 * static_cast<double>(layers * B * ctx * H * D) * sizeof(float);
+  std::printf(
+      "paged attention, decode step: batch %lld, context %lld, %lld layers of %lld heads x %lld, block "
+      "%lld\n",
+      (long long)B, (long long)ctx, (long long)layers, (long long)H, (long long)D, (long long)bs);
+  std::printf("  best / median of %d alternating runs; K/V read: %.0f MB a step\n", iters, bytes * 1e-6);
+  std::printf(
+      "  kernel (in place)  %8.3f / %8.3f ms  %5.1f GB/s at best = %.2fx the streaming read (%.1f GB/s)\n",
+      t[0].best, t[0].median, bytes / t[0].best * 1e-6, bytes / t[0].best * 1e-6 / read_gbs, read_gbs);
   std::printf("  gather (torch ops) %8.3f / %8.3f ms\n", t[1].best, t[1].median);
-  std::printf("  speed-up           %8.2fx / %7.2fx   (max |kernel - gather| = %.2e)\n",
+  std::printf("  speed-up           %8.2fx / %7.2fx   (max |kernel - gather| = %.2e)\n\n",
               t[1].best / t[0].best, t[1].median / t[0].median, diff);
 }
 
@@ -201,7 +222,8 @@ int main(int argc, char** argv) {
   threads.intra_op_threads = env && *env ? 0 : 2;
   configure_threads(threads);
   std::printf("%s\n\n", troupe::bench::machine_line().c_str());
-  bench_attention(iters);
+  bench_attention(iters, 16, 512, 1);
+  bench_attention(iters, 64, 128, 12);  // the K/V of bench_limits' 64-sequence decode step
   if (!attention_only) bench_decode(iters);
   return 0;
 }

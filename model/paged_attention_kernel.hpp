@@ -43,7 +43,8 @@ struct AttentionTile {
 inline int64_t attention_scratch_floats(int64_t head_dim, int64_t block_size, int64_t heads = 1) {
   const int64_t tile = 2 * kAttentionQueryTile * head_dim + block_size * kAttentionQueryTile +
                        2 * kAttentionQueryTile + block_size;
-  const int64_t multi = 2 * heads * head_dim + 2 * heads + block_size;
+  // (a decode: queries, outputs, a vector of running sums (at most 16 lanes) and a max per head)
+  const int64_t multi = 2 * heads * head_dim + 16 * heads + 2 * heads + block_size;
   return tile > multi ? tile : multi;
 }
 
