@@ -107,7 +107,7 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
     }
     L.attn_proj.forward_add_(x, a, L.attn_proj_b);
     const torch::Tensor f =
-        at::gelu(L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b), "tanh");
+        L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b, Activation::kGeluTanh);
     L.fc_proj.forward_add_(x, f, L.fc_proj_b);
   }
   return x;

@@ -122,7 +122,7 @@ void Linear::check_args(const torch::Tensor& x, const torch::Tensor& bias, const
 }
 
 void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in, float* c, int64_t ldc,
-                        bool accumulate) const {
+                        bool accumulate, bool gelu) const {
   const torch::Tensor x = x_in.contiguous();
   const torch::Tensor bias = bias_in.defined() ? bias_in.contiguous() : bias_in;
   const int64_t M = x.size(0), K = in_, N = out_, P = weight_.size(0);
@@ -134,17 +134,22 @@ void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in,
   const int64_t per_panel = std::max<int64_t>(1, M * K * kernel.nr);
   const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / per_panel);
   at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
-    kernel.run(xp, M, K, N, wp, bp, c, ldc, accumulate, p0, p1);
+    kernel.run(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
   });
 }
 
-torch::Tensor Linear::forward(const torch::Tensor& x, const torch::Tensor& bias) const {
+torch::Tensor Linear::forward(const torch::Tensor& x, const torch::Tensor& bias, Activation act) const {
   check_args(x, bias, "Linear::forward");
   if (kernel_) {
     torch::Tensor y = at::empty({x.size(0), out_}, x.options());
-    run_packed(x, bias, y.data_ptr<float>(), out_, /*accumulate=*/false);
+    run_packed(x, bias, y.data_ptr<float>(), out_, /*accumulate=*/false, act == Activation::kGeluTanh);
     return y;
   }
+  const torch::Tensor y = forward_blas(x, bias);
+  return act == Activation::kGeluTanh ? at::gelu(y, "tanh") : y;
+}
+
+torch::Tensor Linear::forward_blas(const torch::Tensor& x, const torch::Tensor& bias) const {
   // As the model did before packing: one row through GEMV (OpenBLAS's SGEMM
   // with M = 1 is several times slower), more through GEMM.
   const torch::Tensor wt = layout_ == WeightLayout::kInOut ? weight_.t() : weight_;  // [out, in]

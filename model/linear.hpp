@@ -32,6 +32,15 @@ enum class WeightLayout {
   kOutIn,  // [out, in]: an output head tied to an embedding (GPT-2's wte)
 };
 
+// What forward applies to x @ W + bias.
+enum class Activation {
+  kNone,
+  // GPT-2's "gelu_new": 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))).
+  // Packed, in the kernel's epilogue while the tile is in registers (as y *
+  // sigmoid(2u), within a few ulp of at::gelu(y, "tanh")); else at::gelu.
+  kGeluTanh,
+};
+
 class Linear {
  public:
   Linear() = default;
@@ -55,7 +64,8 @@ class Linear {
   // x [M, in] @ W + bias -> [M, out]. bias is [out] or undefined (none).
   // Packed: x must be fp32 on the CPU (any strides); a wrong shape, dtype or
   // device throws std::invalid_argument.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias = {}) const;
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias = {},
+                        Activation act = Activation::kNone) const;
   // out [M, out] += x @ W + bias, in place (a residual add).
   void forward_add_(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& bias = {}) const;
 
@@ -67,9 +77,10 @@ class Linear {
 
  private:
   void check_args(const torch::Tensor& x, const torch::Tensor& bias, const char* who) const;
+  torch::Tensor forward_blas(const torch::Tensor& x, const torch::Tensor& bias) const;  // unpacked weight
   // C [M, out] (row stride ldc) = or += x @ W + bias, on the packed weight.
-  void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc,
-                  bool accumulate) const;
+  void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc, bool accumulate,
+                  bool gelu = false) const;
 
   torch::Tensor weight_;  // packed: [panels, in, nr] fp32; else the source as given, contiguous
   WeightLayout layout_ = WeightLayout::kInOut;  // the source's layout (unpacked weight_ keeps it)

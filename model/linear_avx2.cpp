@@ -41,13 +41,44 @@ constexpr int64_t kMc = 96;
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// GPT-2's tanh GELU as x * sigmoid(2u) through t = e^-|2u| (the AVX-512
+// kernel's gelu_tanh, linear_avx512.cpp, says why; the same operations).
+inline __m256 gelu_tanh(__m256 x) {
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  const __m256 two_u = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.5957691216057308f)),  // 2 sqrt(2/pi)
+                                     _mm256_fmadd_ps(x2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f)));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // a = -|2u| clamped into [-87, 0]; t = 0 below -87 and for a NaN x.
+  const __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(two_u, abs_mask));
+  const __m256 in_range = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  const __m256 a = _mm256_max_ps(neg, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), a);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  const __m256 t = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), in_range);
+  const __m256 pos = _mm256_cmp_ps(two_u, _mm256_setzero_ps(), _CMP_GE_OQ);
+  const __m256 num = _mm256_blendv_ps(t, _mm256_set1_ps(1.0f), pos);
+  return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
+}
+
 // C rows [0, MR) x 16 columns of one panel (only the first ncols exist) =
 // (load_c ? C : 0) + A [MR, kc] (row stride lda) @ chunk [kc, 16] (+ bias).
 // KS: accumulator sets, k split KS ways. Each k step prefetches `lines`
-// lines from pf (into L2) unless pf is null.
+// lines from pf (into L2) unless pf is null. `gelu`: the stored values go
+// through gelu_tanh (on the last chunk).
 template <int MR, int KS>
 void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool load_c, const char* pf, int lines) {
+          int64_t ldc, bool load_c, const char* pf, int lines, bool gelu) {
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
   const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -108,6 +139,10 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
       r0 = _mm256_add_ps(r0, bias0);
       r1 = _mm256_add_ps(r1, bias1);
     }
+    if (gelu) {
+      r0 = gelu_tanh(r0);
+      r1 = gelu_tanh(r1);
+    }
     if (full) {
       _mm256_storeu_ps(c + i * ldc, r0);
       _mm256_storeu_ps(c + i * ldc + 8, r1);
@@ -119,20 +154,20 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        bool, const char*, int);
+                        bool, const char*, int, bool);
 constexpr TileFn kTiles[kMr + 1] = {nullptr,    tile<1, 4>, tile<2, 2>, tile<3, 1>,
                                     tile<4, 1>, tile<5, 1>, tile<6, 1>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
 
 void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
-         int64_t ldc, bool accumulate, int64_t p0, int64_t p1) {
+         int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
   if (M <= kMr) {
     // One tile: no weight is reused, so no chunking either; each panel is
     // one contiguous stream, which the hardware prefetcher serves alone.
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;
       kTiles[M](x, K, w + p * K * kNr, K, bias ? bias + col : nullptr, min64(kNr, N - col), c + col, ldc,
-                accumulate, nullptr, 0);
+                accumulate, nullptr, 0, gelu);
     }
     return;
   }
@@ -167,7 +202,7 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
           if (prefetch && next && lines > 0 && t * steps * lines < next_rows)
             pf = reinterpret_cast<const char*>(next) + t * steps * lines * 64;
           kTiles[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
-                       c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines);
+                       c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
         }
       }
     }

@@ -16,12 +16,13 @@ namespace troupe::model {
 struct PackedGemmKernel {
   int64_t nr;  // columns per panel
   // C = (accumulate ? C : 0) + x @ W[:, panels p0..p1) + bias, for the
-  // columns of panels [p0, p1) only (other columns of C are not touched).
+  // columns of panels [p0, p1) only (other columns of C are not touched),
+  // then GPT-2's tanh GELU on each result when `gelu` (accumulate false).
   // x [M, K] contiguous fp32; w: the packed weight; bias [N] or nullptr;
   // C [M, N] with row stride ldc. Panels are independent, so callers may
   // split [0, P) among threads: any split gives the same bits.
   void (*run)(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
-              int64_t ldc, bool accumulate, int64_t p0, int64_t p1);
+              int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1);
 };
 
 // The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -103,6 +105,66 @@ TEST_P(LinearVariant, ForwardMatchesReferenceOnOddShapesInBothLayouts) {
     EXPECT_LT(rel_error(y, x, w, b), kRelTol);
     EXPECT_LT(rel_error(out_in.forward(x, b), x, w, b), kRelTol);
     EXPECT_LT(rel_error(in_out.forward(x), x, w, {}), kRelTol);
+  }
+}
+
+// GPT-2's tanh GELU of y, in double.
+torch::Tensor gelu_tanh_reference(const torch::Tensor& y) {
+  const torch::Tensor d = y.to(torch::kDouble);
+  return 0.5 * d * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (d + 0.044715 * d * d * d)));
+}
+
+// Max of |got - want| / (2e-6 |want| + 6e-8 |y|): below 1 when each result
+// is within a few ulp of GELU(y), or of y where GELU is far below y (in the
+// negative tail at::gelu's 1 + tanh(u) cancels: the portable path is exact
+// only to ~ulp(1) |y| / 4 there).
+double gelu_error(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& y) {
+  const torch::Tensor bound = 2e-6 * want.abs() + 6e-8 * y.to(torch::kDouble).abs() + 1e-38;
+  return ((got.to(torch::kDouble) - want).abs() / bound).max().item<double>();
+}
+
+TEST_P(LinearVariant, GeluActivationIsGpt2sTanhGeluOfTheSameSums) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  at::manual_seed(3);
+  // Odd shapes, and K over several of the kernels' chunks (the GELU belongs
+  // after the last one only).
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const Linear lin(w, WeightLayout::kInOut, isa);
+    const torch::Tensor y = lin.forward(x, b);
+    const torch::Tensor g = lin.forward(x, b, Activation::kGeluTanh);
+    ASSERT_EQ(g.sizes(), y.sizes());
+    // The same pre-activation bits: only the GELU's rounding differs.
+    EXPECT_LT(gelu_error(g, gelu_tanh_reference(y), y), 1.0);
+    const torch::Tensor y0 = lin.forward(x);
+    EXPECT_LT(gelu_error(lin.forward(x, {}, Activation::kGeluTanh), gelu_tanh_reference(y0), y0), 1.0);
+  }
+  // Chosen pre-activations (x = 0, so y = bias): the whole range, both tails,
+  // zeros, tiny values, and a NaN, which stays NaN.
+  const int64_t n = 203;
+  torch::Tensor bias = at::linspace(-40.0, 40.0, n);
+  bias[0] = 0.0f;
+  bias[1] = -0.0f;
+  bias[2] = 1e-20f;
+  bias[3] = -1e-20f;
+  bias[4] = 3.0e38f;
+  bias[5] = -3.0e38f;
+  bias[6] = std::numeric_limits<float>::quiet_NaN();
+  const Linear lin(at::randn({7, n}), WeightLayout::kInOut, isa);
+  const torch::Tensor g = lin.forward(at::zeros({3, 7}), bias, Activation::kGeluTanh);
+  for (int64_t row = 0; row < 3; ++row) {
+    const torch::Tensor got = g[row];
+    EXPECT_TRUE(std::isnan(got[6].item<float>()));
+    const torch::Tensor finite = at::arange(n) != 6;
+    const torch::Tensor want = gelu_tanh_reference(bias).masked_select(finite);
+    const torch::Tensor have = got.masked_select(finite);
+    EXPECT_TRUE(torch::isfinite(have).all().item<bool>());
+    EXPECT_LT(gelu_error(have, want, bias.masked_select(finite)), 1.0);
+    EXPECT_EQ(have[4].item<float>(), 3.0e38f);  // x * 1 for a large x
+    EXPECT_EQ(have[5].item<float>(), 0.0f);     // ~0 far in the negative tail
+    EXPECT_EQ(have[0].item<float>(), 0.0f);
   }
 }
 
