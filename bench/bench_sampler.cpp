@@ -8,7 +8,7 @@
 //     of the same variant; the rows are that step's logits. Target: <= 5%.
 // Variants alternate round by round; best and median over the rounds.
 //
-//   build/bench_sampler [--variants avx512,avx2,portable] [--rounds N] [--threads N]
+//   build/bench_sampler [--variants avx512,avx2,portable] [--rounds N] [--threads N] [--profile S]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   init_numerics_process(argc, argv);
   ThreadOptions threads;
   int rounds = 5;
+  int profile = -1;  // a setting's index: sample the 64 flat rows `rounds` x 100 times and nothing else
   std::vector<CpuIsa> isas;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -86,9 +87,13 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc)
       isas = troupe::bench::parse_variants(argv[++i]);
+    else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc)
+      profile = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr,
-                   "usage: bench_sampler [--variants avx512,avx2,portable] [--rounds N] [--threads N]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_sampler [--variants avx512,avx2,portable] [--rounds N] [--threads N]\n"
+          "                     [--profile S]  (setting S, 0-based, on this thread only: for perf)\n");
       return 2;
     }
   }
@@ -123,6 +128,15 @@ int main(int argc, char** argv) {
   }
   const int64_t V = cfg.vocab_size;
   std::vector<int64_t> positions(64, 128);
+  if (profile >= 0 && profile < kNumSettings) {
+    ScopedKernelIsa scope(vs.front().isa);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < rounds * 100; ++i)
+      sample(flat.data_ptr<float>() + (i % 64) * V, V, kSettings[profile].params, 128);
+    std::printf("%s, %s: %.1f us per row\n", kSettings[profile].name, to_string(vs.front().isa),
+                ms_since(t0) * 1e3 / (rounds * 100));
+    return 0;
+  }
 
   for (int r = -1; r < rounds; ++r) {  // round -1 warms up
     for (auto& v : vs) {

@@ -49,7 +49,8 @@ struct SamplerKernels {
   // tie. `start` (a candidate position, or -1) is scored first: the bound
   // that prunes the rest (kGumbelNoiseMax on the logits, and the hashed bits
   // of each block's ids against the noise they would need), so peaked and
-  // flat rows both cost few noise evaluations.
+  // flat rows both cost few noise evaluations. Requires shift >= every x[j]
+  // (callers pass the row's max) and inv_t > 0.
   GumbelWinner (*gumbel_argmax)(const float* x, const int32_t* ids, int64_t n, float shift, float inv_t,
                                 uint64_t key, const int32_t* allow, int32_t allow_below, int64_t start);
   // The Gumbel noise of token `id` in the row keyed `key` (the same value
