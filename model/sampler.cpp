@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -40,25 +41,33 @@ void top_ids(const SamplerKernels& k, const float* l, int64_t vocab, int64_t n, 
   out.clear();
   if (n <= 0) return;
   if (n <= 256) {
-    // Bounded heap whose front is the worst kept id: one pass; after the
-    // first few thousand ids nearly all are rejected by one comparison.
+    // Bounded heap whose front is the worst kept id, and a bound below which
+    // no id can enter: ids under it are skipped 64 vectorised comparisons at
+    // a time. Up to kMaxLanes ids the bound starts at the n-th largest of
+    // the row's lane maxima (n ids reach it, so the n best all do): on a
+    // flat row the heap then sees a few dozen ids instead of the hundreds a
+    // bound rising from the first n would let in.
     out.reserve(n);
-    int32_t i = 0;
-    for (; i < n; ++i) out.push_back(i);
-    std::make_heap(out.begin(), out.end(), before);
-    float worst = l[out.front()];
-    while (i < vocab) {
-      // Ids below the worst kept one change nothing: skip to the next that
-      // is not, 64 vectorised comparisons at a time.
-      i = static_cast<int32_t>(k.next_at_least(l, i, vocab, worst));
-      if (i >= vocab) break;
-      if (before(i, out.front())) {
-        std::pop_heap(out.begin(), out.end(), before);
-        out.back() = i;
+    float bound = -INFINITY;
+    if (n <= kMaxLanes && vocab >= 16 * kMaxLanes) {
+      float lanes[kMaxLanes];
+      k.lane_max(l, vocab, lanes);
+      std::nth_element(lanes, lanes + (n - 1), lanes + kMaxLanes, std::greater<float>());
+      bound = lanes[n - 1];
+    }
+    for (int64_t i = k.next_at_least(l, 0, vocab, bound); i < vocab;
+         i = k.next_at_least(l, i + 1, vocab, bound)) {
+      const int32_t id = static_cast<int32_t>(i);
+      if (static_cast<int64_t>(out.size()) < n) {
+        out.push_back(id);
         std::push_heap(out.begin(), out.end(), before);
-        worst = l[out.front()];
+        if (static_cast<int64_t>(out.size()) == n) bound = std::max(bound, l[out.front()]);
+      } else if (before(id, out.front())) {
+        std::pop_heap(out.begin(), out.end(), before);
+        out.back() = id;
+        std::push_heap(out.begin(), out.end(), before);
+        bound = l[out.front()];
       }
-      ++i;
     }
     std::sort_heap(out.begin(), out.end(), before);
     return;

@@ -19,6 +19,9 @@ namespace troupe::model {
 // best score found so far cannot win, so its noise is never computed.
 constexpr float kGumbelNoiseMax = 22.25f;
 
+// Lanes of SamplerKernels::lane_max.
+constexpr int kMaxLanes = 64;
+
 struct LogitScan {
   float max = 0;         // largest logit
   float min_finite = 0;  // smallest logit > -inf (+inf when there is none)
@@ -63,6 +66,10 @@ struct SamplerKernels {
   int64_t (*collect)(const int32_t* key, int64_t n, int32_t b, int32_t* out);
   // The first i in [from, n) with x[i] >= bound; n when there is none.
   int64_t (*next_at_least)(const float* x, int64_t from, int64_t n, float bound);
+  // out[j] = the largest x[i] with i % kMaxLanes == j, -inf when n <= j:
+  // kMaxLanes values of distinct positions (when n >= kMaxLanes), so the
+  // r-th largest of them is at most the r-th largest of x.
+  void (*lane_max)(const float* x, int64_t n, float* out);
 };
 
 // The variant's kernels (every CpuIsa has them).

@@ -306,6 +306,42 @@ TEST(Sampler, TinyLogitPerturbationsKeepTheToken) {
   EXPECT_GE(fraction_unchanged_under_noise(params(0.7f, 50, 0.95f), 300), 0.99);
 }
 
+// The top logprobs and top-k on a full-width row where the best values are
+// tied many times over, sit in a few lanes of the row's lane maxima, or share
+// the row with -inf: rank order (value, then lower id), as a stable sort says.
+TEST(Sampler, TopIdsOnWideRowsWithTiesAndMaskedIds) {
+  const int64_t vocab = 50257;
+  std::vector<std::vector<float>> rows;
+  auto tied = gaussian_logits(vocab, 1.0f, 41);
+  for (int64_t i = 0; i < vocab; i += 997) tied[i] = 7.0f;  // 51 ids tie at the max
+  rows.push_back(tied);
+  auto clustered = gaussian_logits(vocab, 1.0f, 42);
+  for (int64_t i = 128; i < 128 + 64 * 40; i += 64) clustered[i] = 6.0f + 0.001f * (i % 7);  // one lane
+  rows.push_back(clustered);
+  auto masked = gaussian_logits(vocab, 2.0f, 43);
+  for (int64_t i = 0; i < vocab; ++i)
+    if (i % 64 < 60) masked[i] = -INFINITY;  // 60 of 64 lanes hold nothing but -inf
+  rows.push_back(masked);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto& l = rows[r];
+    const auto ids = rank_order(l);
+    for (int32_t n : {1, 5, 20, 64}) {
+      if (n <= 20) {  // logprobs go up to 20
+        const auto t = sample(l.data(), vocab, params(0.0f, 0, 1.0f, 0, n), 3);
+        ASSERT_EQ(t.top.size(), static_cast<size_t>(n)) << "row " << r;
+        for (int32_t j = 0; j < n; ++j)
+          EXPECT_EQ(t.top[j].first, ids[j]) << "row " << r << " n " << n << " j " << j;
+      }
+      // Top-k keeps exactly the k best: every draw is one of them.
+      for (int64_t pos = 0; pos < 20; ++pos) {
+        const int32_t got = sample(l.data(), vocab, params(1.0f, n, 1.0f, pos), pos).id;
+        EXPECT_TRUE(std::find(ids.begin(), ids.begin() + n, got) != ids.begin() + n)
+            << "row " << r << " k " << n;
+      }
+    }
+  }
+}
+
 TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
   const auto l = gaussian_logits(50257, 3.0f, 6);
   const auto lt = torch::from_blob(const_cast<float*>(l.data()), {50257}, torch::kFloat);
