@@ -5,8 +5,8 @@
 // Internal to model/: sampler.cpp holds the logic and calls these.
 //
 // Bits: every variant computes the same IEEE operations in the same order
-// (no FMA contraction, no reassociation; reductions keep 16 independent lanes
-// combined in a fixed order whatever the vector width), so all variants
+// (no FMA contraction, no reassociation; sums keep a fixed number of
+// independent lanes combined in a fixed order whatever the vector width), so all variants
 // return the same bits for the same input.
 #include <cstdint>
 
