@@ -35,8 +35,9 @@ struct RanksBefore {
   bool operator()(int32_t a, int32_t b) const { return l[a] > l[b] || (l[a] == l[b] && a < b); }
 };
 
-// The n best ids in rank order (n <= vocab).
-void top_ids(const SamplerKernels& k, const float* l, int64_t vocab, int64_t n, std::vector<int32_t>& out) {
+// The n best ids in rank order (n <= vocab); s is the row's scan.
+void top_ids(const SamplerKernels& k, const float* l, int64_t vocab, int64_t n, const LogitScan& s,
+             std::vector<int32_t>& out) {
   const RanksBefore before{l};
   out.clear();
   if (n <= 0) return;
@@ -44,14 +45,14 @@ void top_ids(const SamplerKernels& k, const float* l, int64_t vocab, int64_t n, 
     // Bounded heap whose front is the worst kept id, and a bound below which
     // no id can enter: ids under it are skipped 64 vectorised comparisons at
     // a time. Up to kMaxLanes ids the bound starts at the n-th largest of
-    // the row's lane maxima (n ids reach it, so the n best all do): on a
+    // the row's lane maxima (scan's; n ids reach it, so the n best all do): on a
     // flat row the heap then sees a few dozen ids instead of the hundreds a
     // bound rising from the first n would let in.
     out.reserve(n);
     float bound = -INFINITY;
     if (n <= kMaxLanes && vocab >= 16 * kMaxLanes) {
       float lanes[kMaxLanes];
-      k.lane_max(l, vocab, lanes);
+      std::copy_n(s.lane_max, kMaxLanes, lanes);
       std::nth_element(lanes, lanes + (n - 1), lanes + kMaxLanes, std::greater<float>());
       bound = lanes[n - 1];
     }
@@ -195,7 +196,7 @@ void bucket_all(const SamplerKernels& k, const float* l, int64_t vocab, const Lo
 // weights.
 void bucket_top_k(const SamplerKernels& kern, const float* l, int64_t vocab, int64_t k, const LogitScan& s,
                   float inv_t, Scratch& sc) {
-  top_ids(kern, l, vocab, k, sc.members);
+  top_ids(kern, l, vocab, k, s, sc.members);
   sc.exp_of = nullptr;  // w is written for the top k only
   sc.w.resize(vocab);
   sc.kept_logits.resize(k);
@@ -262,7 +263,7 @@ void fill_logprobs(const SamplerKernels& k, const float* l, int64_t vocab, const
   }
   const double lse = static_cast<double>(s.max) + std::log(k.sum(w, vocab));
   out.logprob = static_cast<float>(l[out.id] - lse);
-  top_ids(k, l, vocab, std::min<int64_t>(n_top, vocab), ids);
+  top_ids(k, l, vocab, std::min<int64_t>(n_top, vocab), s, ids);
   out.top.clear();
   out.top.reserve(ids.size());
   for (int32_t id : ids) out.top.emplace_back(id, static_cast<float>(l[id] - lse));

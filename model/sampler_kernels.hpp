@@ -19,7 +19,7 @@ namespace troupe::model {
 // best score found so far cannot win, so its noise is never computed.
 constexpr float kGumbelNoiseMax = 22.25f;
 
-// Lanes of SamplerKernels::lane_max.
+// Lanes of scan's extremes (LogitScan::lane_max).
 constexpr int kMaxLanes = 64;
 
 struct LogitScan {
@@ -27,6 +27,10 @@ struct LogitScan {
   float min_finite = 0;  // smallest logit > -inf (+inf when there is none)
   int32_t argmax = 0;    // lowest id holding max
   bool bad = false;      // some logit is NaN or +inf (then the rest is meaningless)
+  // lane_max[j] = the largest logit at an id i with i % kMaxLanes == j (-inf
+  // for a lane no id reaches): kMaxLanes values of distinct ids when n >=
+  // kMaxLanes, so the r-th largest of them is at most the r-th largest logit.
+  float lane_max[kMaxLanes] = {};
 };
 
 struct GumbelWinner {
@@ -66,10 +70,6 @@ struct SamplerKernels {
   int64_t (*collect)(const int32_t* key, int64_t n, int32_t b, int32_t* out);
   // The first i in [from, n) with x[i] >= bound; n when there is none.
   int64_t (*next_at_least)(const float* x, int64_t from, int64_t n, float bound);
-  // out[j] = the largest x[i] with i % kMaxLanes == j, -inf when n <= j:
-  // kMaxLanes values of distinct positions (when n >= kMaxLanes), so the
-  // r-th largest of them is at most the r-th largest of x.
-  void (*lane_max)(const float* x, int64_t n, float* out);
 };
 
 // The variant's kernels (every CpuIsa has them).
