@@ -23,6 +23,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "model/linear_kernel.hpp"
 
@@ -41,35 +42,9 @@ constexpr int64_t kMc = 96;
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// GPT-2's tanh GELU as x * sigmoid(2u) through t = e^-|2u| (the AVX-512
-// kernel's gelu_tanh, linear_avx512.cpp, says why; the same operations).
-inline __m256 gelu_tanh(__m256 x) {
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  const __m256 two_u = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.5957691216057308f)),  // 2 sqrt(2/pi)
-                                     _mm256_fmadd_ps(x2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f)));
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  // a = -|2u| clamped into [-87, 0]; t = 0 below -87 and for a NaN x.
-  const __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(two_u, abs_mask));
-  const __m256 in_range = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  const __m256 a = _mm256_max_ps(neg, _mm256_set1_ps(-87.0f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), a);
-  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i pow2 =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  const __m256 t = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), in_range);
-  const __m256 pos = _mm256_cmp_ps(two_u, _mm256_setzero_ps(), _CMP_GE_OQ);
-  const __m256 num = _mm256_blendv_ps(t, _mm256_set1_ps(1.0f), pos);
-  return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), t)));
-}
+// Lanes (one register: the same size as __m256, so a cast), exp_nonpositive
+// and gelu_tanh, the GELU of the epilogue.
+#include "model/vector_lanes.inc"
 
 // C rows [0, MR) x 16 columns of one panel (only the first ncols exist) =
 // (load_c ? C : 0) + A [MR, kc] (row stride lda) @ chunk [kc, 16] (+ bias).
@@ -140,8 +115,8 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
       r1 = _mm256_add_ps(r1, bias1);
     }
     if (gelu) {
-      r0 = gelu_tanh(r0);
-      r1 = gelu_tanh(r1);
+      r0 = (__m256)gelu_tanh((Lanes)r0);
+      r1 = (__m256)gelu_tanh((Lanes)r1);
     }
     if (full) {
       _mm256_storeu_ps(c + i * ldc, r0);

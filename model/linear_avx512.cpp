@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "model/linear_kernel.hpp"
 
@@ -31,43 +32,9 @@ constexpr int64_t kKc = 384;
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-// GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715
-// x^3), as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) = 1 / (1 +
-// e^-2u)), through t = e^-|2u| in (0, 1] so no exp overflows: sigmoid(2u) =
-// (2u >= 0 ? 1 : t) / (1 + t). The exp is Cephes' expf polynomial (~1 ulp);
-// the result is within a few ulp of the exact GELU (at::gelu(x, "tanh")
-// loses the far negative tail: 1 + tanh(u) cancels), NaN for a NaN x.
-// (The maskz_ forms with every lane set: GCC 12 warns that the plain forms'
-// _mm512_undefined_ps source "may be used uninitialized".)
-inline __m512 gelu_tanh(__m512 x) {
-  constexpr __mmask16 kAll = 0xffff;
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 two_u = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.5957691216057308f)),  // 2 sqrt(2/pi)
-                                     _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
-  // a = -|2u| clamped into [-87, 0]; t = 0 below -87 (and for a NaN x, whose
-  // result x * 0 is NaN): the clamped exp would leave e^-87 ~ 1.6e-38, which
-  // times a huge negative x is not ~0.
-  const __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(two_u));
-  const __mmask16 in_range = _mm512_cmp_ps_mask(neg, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  const __m512 a = _mm512_maskz_max_ps(kAll, neg, _mm512_set1_ps(-87.0f));
-  const __m512 fx = _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(a, _mm512_set1_ps(1.44269504088896341f)),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), a);
-  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i pow2 = _mm512_maskz_slli_epi32(
-      kAll, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll, fx), _mm512_set1_epi32(127)), 23);
-  const __m512 t = _mm512_maskz_mul_ps(in_range, y, _mm512_castsi512_ps(pow2));
-  const __mmask16 pos = _mm512_cmp_ps_mask(two_u, _mm512_setzero_ps(), _CMP_GE_OQ);
-  const __m512 num = _mm512_mask_blend_ps(pos, t, _mm512_set1_ps(1.0f));
-  return _mm512_mul_ps(x, _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), t)));
-}
+// Lanes (one register: the same size as __m512, so a cast), exp_nonpositive
+// and gelu_tanh, the GELU of the epilogue.
+#include "model/vector_lanes.inc"
 
 // Rows [0, MR) of C (row stride ldc) over the 64 columns of one panel and
 // kc of its rows: C = A @ chunk (+ C when load_c) (+ bias when bias), with
@@ -112,7 +79,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 r = bias ? _mm512_add_ps(acc[i][v], bv) : acc[i][v];
-      _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], gelu ? gelu_tanh(r) : r);
+      _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], gelu ? (__m512)gelu_tanh((Lanes)r) : r);
     }
   }
 }
