@@ -1,5 +1,6 @@
 #include "core/sequence_table.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -10,19 +11,29 @@ namespace {
 
 int64_t blocks_needed(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
 
-std::string bad_blocks(const std::vector<int32_t>& blocks, int32_t num_blocks) {
-  std::unordered_set<int32_t> seen;
-  for (int32_t b : blocks) {
+}  // namespace
+
+std::string SequenceTable::bad_blocks(const std::vector<int32_t>& valid,
+                                      const std::vector<int32_t>& added) const {
+  if (added.empty()) return {};
+  const int32_t num_blocks = options_.num_blocks;
+  if (seen_.empty()) seen_.assign(static_cast<size_t>(num_blocks), 0);
+  if (++epoch_ == 0) {  // wrapped: old marks could read as this check's
+    std::fill(seen_.begin(), seen_.end(), 0);
+    epoch_ = 1;
+  }
+  for (int32_t b : valid) seen_[static_cast<size_t>(b)] = epoch_;
+  for (int32_t b : added) {
     if (b < 0 || b >= num_blocks) {
       return "block " + std::to_string(b) + " is outside the pool of " + std::to_string(num_blocks) +
              " blocks";
     }
-    if (!seen.insert(b).second) return "block table names block " + std::to_string(b) + " twice";
+    uint32_t& mark = seen_[static_cast<size_t>(b)];
+    if (mark == epoch_) return "block table names block " + std::to_string(b) + " twice";
+    mark = epoch_;
   }
   return {};
 }
-
-}  // namespace
 
 SequenceTable::SequenceTable(const SequenceTableOptions& o) : options_(o) {
   if (o.num_blocks < 1 || o.block_size < 1 || o.max_positions < 1 || o.vocab_size < 1) {
@@ -51,7 +62,7 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
   if (static_cast<int64_t>(ns.block_table.size()) < blocks_needed(ns.num_cached, options_.block_size)) {
     return "block table does not cover the cached tokens";
   }
-  if (auto e = bad_blocks(ns.block_table, options_.num_blocks); !e.empty()) return e;
+  if (auto e = bad_blocks({}, ns.block_table); !e.empty()) return e;
   try {
     validate(ns.sampling);
   } catch (const std::invalid_argument& e) {
@@ -124,21 +135,26 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
       refuse("plan samples after position " + std::to_string(end - 1) + " but the sequence is longer", true);
       continue;
     }
-    std::vector<int32_t> table = en.blocks;
-    table.insert(table.end(), w.new_blocks.begin(), w.new_blocks.end());
-    if (auto e = bad_blocks(table, options_.num_blocks); !e.empty()) {
+    // en.blocks was checked when it was learned or last grown: only the new
+    // blocks can be outside the pool or repeat one.
+    if (auto e = bad_blocks(en.blocks, w.new_blocks); !e.empty()) {
       refuse(e, true);
       continue;
     }
-    if (static_cast<int64_t>(table.size()) < blocks_needed(end, bs)) {
-      refuse("block table holds " + std::to_string(table.size()) + " blocks, " + std::to_string(end) +
+    const size_t held = en.blocks.size(), table_size = held + w.new_blocks.size();
+    if (static_cast<int64_t>(table_size) < blocks_needed(end, bs)) {
+      refuse("block table holds " + std::to_string(table_size) + " blocks, " + std::to_string(end) +
                  " tokens need " + std::to_string(blocks_needed(end, bs)),
              true);
       continue;
     }
+    auto block_at = [&](int64_t i) {
+      const auto k = static_cast<size_t>(i);
+      return k < held ? en.blocks[k] : w.new_blocks[k - held];
+    };
     bool clash = false;
     for (int64_t p = w.start_pos; p < end && !clash; ++p) {
-      const int64_t slot = static_cast<int64_t>(table[static_cast<size_t>(p / bs)]) * bs + p % bs;
+      const int64_t slot = static_cast<int64_t>(block_at(p / bs)) * bs + p % bs;
       auto [wit, fresh] = writer.emplace(slot, w.seq_id);
       clash = !fresh && wit->second != w.seq_id;
     }
@@ -146,7 +162,7 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
       refuse("writes a KV slot that another sequence writes in this step", true);
       continue;
     }
-    en.blocks = std::move(table);
+    en.blocks.insert(en.blocks.end(), w.new_blocks.begin(), w.new_blocks.end());
     SeqChunk c;
     c.seq_id = w.seq_id;
     c.start_pos = w.start_pos;

@@ -17,6 +17,7 @@
 // SeqFailure and its sequence is forgotten; the rest of the step runs.
 // Torch-free, no threads.
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -70,9 +71,15 @@ class SequenceTable {
   };
   // Why a new sequence is unacceptable, or empty.
   std::string check_new(const NewSequence& ns) const;
+  // Why appending `added` to the block table `valid` (already checked)
+  // breaks it: a block outside the pool or named twice; empty when it is
+  // fine. Marks blocks in seen_ (no allocation per check).
+  std::string bad_blocks(const std::vector<int32_t>& valid, const std::vector<int32_t>& added) const;
 
   SequenceTableOptions options_;
   std::unordered_map<uint64_t, Entry> seqs_;
+  mutable std::vector<uint32_t> seen_;  // per block: the epoch_ of the check that last saw it
+  mutable uint32_t epoch_ = 0;
 };
 
 }  // namespace troupe::core

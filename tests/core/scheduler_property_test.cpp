@@ -177,7 +177,9 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
     generated += n;
     EXPECT_EQ(f->usage.completion_tokens, n) << who;
     EXPECT_EQ(f->usage.prompt_tokens, prompt) << who;
-    if (!t.moved.count(id)) EXPECT_LE(f->usage.cached_tokens, prompt - 1) << who;
+    if (!t.moved.count(id)) {
+      EXPECT_LE(f->usage.cached_tokens, prompt - 1) << who;
+    }
     EXPECT_EQ(static_cast<int32_t>(h.token_events(id).size()), n) << who << ": one token event per token";
     for (int32_t k = 0; k < n; ++k) {
       ASSERT_EQ(out[static_cast<size_t>(k)], h.script(id, prompt + k)) << who << " token " << k;
