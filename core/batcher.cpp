@@ -77,7 +77,9 @@ void Batcher::collect(Worker& w) {
 Batcher::Worker* Batcher::pick(const Request& r) {
   std::vector<Worker*> fit;
   for (auto& [id, w] : workers_) {
-    if (w->state == WorkerState::kActive && !w->sched->check(r)) fit.push_back(w.get());
+    // Every request placed here passed check() on some worker (submit), and
+    // all workers serve one model: fits() asks the rest.
+    if (w->state == WorkerState::kActive && w->sched->fits(r)) fit.push_back(w.get());
   }
   if (fit.empty()) return nullptr;
   auto less_loaded = [](const Worker* a, const Worker* b) {
@@ -330,8 +332,8 @@ int32_t Batcher::num_running() const {
 std::vector<WorkerStats> Batcher::worker_stats() const {
   std::vector<WorkerStats> out;
   for (const auto& [id, w] : workers_) {
-    out.push_back({id, w->spec.node, w->spec.device, w->state, w->sched->stats(), w->tokens_generated, w->steps,
-                   w->busy_ms, w->idle_ms});
+    out.push_back({id, w->spec.node, w->spec.device, w->state, w->sched->stats(), w->tokens_generated,
+                   w->steps, w->busy_ms, w->idle_ms});
   }
   return out;
 }

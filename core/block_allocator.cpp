@@ -45,10 +45,6 @@ BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enab
       hash_fn_(xxh3_block) {
   if (num_blocks < 1) throw std::invalid_argument("BlockAllocator: num_blocks must be >= 1");
   if (block_size < 1) throw std::invalid_argument("BlockAllocator: block_size must be >= 1");
-  blocks_.resize(static_cast<size_t>(num_blocks));
-  clean_.reserve(static_cast<size_t>(num_blocks));
-  for (int32_t b = num_blocks - 1; b >= 0; --b) clean_.push_back(b);
-  if (prefix_caching_) tokens_.resize(static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size));
 }
 
 const BlockAllocator::Block& BlockAllocator::at(int32_t block) const {
@@ -56,7 +52,8 @@ const BlockAllocator::Block& BlockAllocator::at(int32_t block) const {
     throw std::out_of_range("BlockAllocator: block " + std::to_string(block) + " is not in [0, " +
                             std::to_string(num_blocks_) + ")");
   }
-  return blocks_[static_cast<size_t>(block)];
+  static const Block kFresh;  // never handed out: free, uncached
+  return static_cast<size_t>(block) < blocks_.size() ? blocks_[static_cast<size_t>(block)] : kFresh;
 }
 
 void BlockAllocator::lru_push_back(int32_t b) {
@@ -99,6 +96,9 @@ int32_t BlockAllocator::allocate() {
   if (!clean_.empty()) {
     b = clean_.back();
     clean_.pop_back();
+  } else if (static_cast<int32_t>(blocks_.size()) < num_blocks_) {
+    b = static_cast<int32_t>(blocks_.size());
+    blocks_.emplace_back();
   } else if (lru_head_ >= 0) {
     b = lru_head_;
     lru_remove(b);
@@ -119,8 +119,8 @@ bool BlockAllocator::allocate(int32_t n, std::vector<int32_t>& out) {
 }
 
 void BlockAllocator::release(int32_t block) {
-  Block& blk = at(block);
-  if (blk.ref <= 0) fail("release of free block " + std::to_string(block));
+  if (at(block).ref <= 0) fail("release of free block " + std::to_string(block));
+  Block& blk = blocks_[static_cast<size_t>(block)];  // used, so handed out
   if (--blk.ref > 0) return;
   if (blk.cached)
     lru_push_back(block);
@@ -133,8 +133,8 @@ void BlockAllocator::release_all(const std::vector<int32_t>& blocks) {
 }
 
 void BlockAllocator::share(int32_t block) {
-  Block& blk = at(block);
-  if (!blk.cached) fail("share of uncached block " + std::to_string(block));
+  if (!at(block).cached) fail("share of uncached block " + std::to_string(block));
+  Block& blk = blocks_[static_cast<size_t>(block)];  // cached, so handed out
   if (blk.ref == 0) lru_remove(block);
   ++blk.ref;
 }
@@ -145,8 +145,8 @@ uint64_t BlockAllocator::hash_block(uint64_t parent_hash, const int32_t* tokens)
 
 bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_t hash,
                                     const int32_t* tokens) {
-  Block& blk = at(block);
-  if (blk.ref <= 0) fail("register of free block " + std::to_string(block));
+  if (at(block).ref <= 0) fail("register of free block " + std::to_string(block));
+  Block& blk = blocks_[static_cast<size_t>(block)];  // used, so handed out
   if (!prefix_caching_ || blk.cached) return false;
   uint32_t parent_gen = 0;
   if (parent_block >= 0) {
@@ -170,9 +170,22 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   blk.hash = hash;
   blk.parent = parent_block;
   blk.parent_gen = parent_gen;
+  const size_t at_end = (static_cast<size_t>(block) + 1) * static_cast<size_t>(block_size_);
+  if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
   std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   by_hash_.emplace(hash, block);
   return true;
+}
+
+int32_t BlockAllocator::match(uint64_t hash, const int32_t* tokens, int32_t parent) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  const Block& blk = blocks_[static_cast<size_t>(it->second)];
+  const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(it->second) * block_size_;
+  if (!std::equal(tokens, tokens + block_size_, have)) return -1;
+  if (blk.parent != parent) return -1;
+  if (parent >= 0 && blk.parent_gen != blocks_[static_cast<size_t>(parent)].gen) return -1;
+  return it->second;
 }
 
 std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
@@ -181,18 +194,25 @@ std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& ha
   if (!prefix_caching_) return found;
   const int32_t n = std::min<int32_t>(max_blocks, static_cast<int32_t>(hashes.size()));
   for (int32_t i = 0; i < n; ++i) {
-    auto it = by_hash_.find(hashes[static_cast<size_t>(i)]);
-    if (it == by_hash_.end()) break;
-    const Block& blk = blocks_[static_cast<size_t>(it->second)];
-    const int32_t* want = tokens + static_cast<ptrdiff_t>(i) * block_size_;
-    const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(it->second) * block_size_;
-    if (!std::equal(want, want + block_size_, have)) break;
-    const int32_t parent = i > 0 ? found.back() : -1;
-    if (blk.parent != parent) break;
-    if (parent >= 0 && blk.parent_gen != blocks_[static_cast<size_t>(parent)].gen) break;
-    found.push_back(it->second);
+    const int32_t b = match(hashes[static_cast<size_t>(i)], tokens + static_cast<ptrdiff_t>(i) * block_size_,
+                            found.empty() ? -1 : found.back());
+    if (b < 0) break;
+    found.push_back(b);
   }
   return found;
+}
+
+int32_t BlockAllocator::cached_prefix_length(const int32_t* tokens, int32_t max_blocks) const {
+  if (!prefix_caching_ || by_hash_.empty()) return 0;
+  uint64_t hash = 0;
+  int32_t parent = -1, i = 0;
+  for (; i < max_blocks; ++i) {  // each name hashed only once its parent matched
+    const int32_t* block = tokens + static_cast<ptrdiff_t>(i) * block_size_;
+    hash = hash_block(hash, block);
+    parent = match(hash, block, parent);
+    if (parent < 0) break;
+  }
+  return i;
 }
 
 void BlockAllocator::record_lookup(int32_t queried, int32_t hit) {
@@ -207,15 +227,18 @@ void BlockAllocator::clear_cache() {
     uncache(b);
     clean_.push_back(b);
   }
-  for (int32_t b = 0; b < num_blocks_; ++b) {
-    if (blocks_[static_cast<size_t>(b)].cached) uncache(b);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    if (blocks_[b].cached) uncache(static_cast<int32_t>(b));
   }
 }
 
 void BlockAllocator::check_invariants() const {
   std::vector<char> seen(static_cast<size_t>(num_blocks_), 0);
+  const auto handed_out = static_cast<int32_t>(blocks_.size());
+  if (handed_out > num_blocks_) fail("more blocks handed out than the pool holds");
+  for (int32_t b = handed_out; b < num_blocks_; ++b) seen[static_cast<size_t>(b)] = 1;  // never handed out
   for (int32_t b : clean_) {
-    if (b < 0 || b >= num_blocks_) fail("clean list holds bad id " + std::to_string(b));
+    if (b < 0 || b >= handed_out) fail("clean list holds bad id " + std::to_string(b));
     if (seen[static_cast<size_t>(b)]++) fail("block " + std::to_string(b) + " twice in the clean list");
     const Block& blk = blocks_[static_cast<size_t>(b)];
     if (blk.ref != 0 || blk.cached) fail("clean block " + std::to_string(b) + " has a ref or a hash");
@@ -232,7 +255,7 @@ void BlockAllocator::check_invariants() const {
   if (prev != lru_tail_) fail("LRU tail is wrong");
   if (lru_count != num_evictable_) fail("evictable count is wrong");
   size_t cached = 0;
-  for (int32_t b = 0; b < num_blocks_; ++b) {
+  for (int32_t b = 0; b < handed_out; ++b) {
     const Block& blk = blocks_[static_cast<size_t>(b)];
     if (blk.ref < 0) fail("negative ref on block " + std::to_string(b));
     if (blk.ref == 0 && !seen[static_cast<size_t>(b)])

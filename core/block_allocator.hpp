@@ -25,8 +25,9 @@
 //
 // Cached blocks whose owners are all gone stay in an LRU and can be shared
 // again until the pool needs them; clean blocks are always handed out before a
-// cached one is evicted, most recently freed first (a stack), so the working
-// set of the pool stays small and untouched blocks are never paged in.
+// cached one is evicted: most recently freed first (a stack), then blocks
+// never used, lowest id first, so the working set of the pool stays small and
+// untouched blocks are never paged in (here or in the KV pool they index).
 //
 // Pure bookkeeping: no tensors, no threads. The owner (the scheduler) decides
 // when a block's contents are valid before it registers the block.
@@ -54,9 +55,12 @@ class BlockAllocator {
   int32_t block_size() const { return block_size_; }
   bool prefix_caching() const { return prefix_caching_; }
 
-  int32_t num_free() const { return static_cast<int32_t>(clean_.size()) + num_evictable_; }  // ref 0
-  int32_t num_used() const { return num_blocks_ - num_free(); }                              // ref >= 1
-  int32_t num_evictable() const { return num_evictable_; }  // cached with ref 0 (in the LRU)
+  int32_t num_free() const {  // ref 0
+    return num_blocks_ - static_cast<int32_t>(blocks_.size()) + static_cast<int32_t>(clean_.size()) +
+           num_evictable_;
+  }
+  int32_t num_used() const { return num_blocks_ - num_free(); }  // ref >= 1
+  int32_t num_evictable() const { return num_evictable_; }       // cached with ref 0 (in the LRU)
   int32_t num_cached() const { return static_cast<int32_t>(by_hash_.size()); }  // holding a hash, any ref
   int32_t ref_count(int32_t block) const { return at(block).ref; }
   bool is_cached(int32_t block) const { return at(block).cached; }
@@ -93,6 +97,10 @@ class BlockAllocator {
   // found one level up (identity, not name). Changes nothing.
   std::vector<int32_t> find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
                                    int32_t max_blocks) const;
+  // How many blocks find_prefix would find for tokens[0, max_blocks *
+  // block_size), hashing each block's name only when its parent matched
+  // (placement asks every worker, and most miss on the first block).
+  int32_t cached_prefix_length(const int32_t* tokens, int32_t max_blocks) const;
   // Counts one admission's lookup: `queried` full blocks asked for, `hit` found.
   void record_lookup(int32_t queried, int32_t hit);
   // Forgets every name (the KV contents are gone, e.g. a lost worker). Blocks
@@ -119,20 +127,27 @@ class BlockAllocator {
     uint32_t gen = 0;         // bumped whenever the block loses its name (evicted, cleared)
     int32_t lru_prev = -1, lru_next = -1;  // LRU links while evictable
   };
+  // Block `block`'s state (throws std::out_of_range outside the pool); a
+  // block never handed out reads as free and uncached.
   const Block& at(int32_t block) const;
-  Block& at(int32_t block) { return const_cast<Block&>(static_cast<const BlockAllocator*>(this)->at(block)); }
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void uncache(int32_t b);
+  // The cached block named `hash` holding `tokens` (block_size ids) whose K/V
+  // were computed after `parent` (-1: first); -1 when there is none.
+  int32_t match(uint64_t hash, const int32_t* tokens, int32_t parent) const;
 
   int32_t num_blocks_;
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_key_;
   HashFn hash_fn_;
+  // Blocks are handed out in id order the first time (blocks_ grows by one
+  // each), so the pool's bookkeeping, like its KV, follows use: ids from
+  // blocks_.size() up were never handed out and are free.
   std::vector<Block> blocks_;
-  std::vector<int32_t> clean_;   // stack of clean free blocks, lowest id on top at start
-  std::vector<int32_t> tokens_;  // [num_blocks * block_size]: ids of each cached block
+  std::vector<int32_t> clean_;   // stack of clean free blocks once used, most recently freed on top
+  std::vector<int32_t> tokens_;  // [block * block_size, +block_size): ids of each cached block
   std::unordered_map<uint64_t, int32_t> by_hash_;
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = least recently released
   int32_t num_evictable_ = 0;

@@ -45,23 +45,23 @@ Scheduler::WaitKey Scheduler::wait_key(const Sequence& s) const {
 std::optional<std::string> Scheduler::check(const Request& r) const {
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
   const auto done = static_cast<int64_t>(r.output_ids.size());
-  const std::string id = "request " + std::to_string(r.id) + ": ";
-  if (seqs_.count(r.id) != 0) return id + "id is already in use by an unfinished request";
-  if (n == 0) return id + "prompt is empty";
+  auto id = [&] { return "request " + std::to_string(r.id) + ": "; };  // built only for an error
+  if (seqs_.count(r.id) != 0) return id() + "id is already in use by an unfinished request";
+  if (n == 0) return id() + "prompt is empty";
   if (n > options_.max_model_len) {
-    return id + "prompt has " + std::to_string(n) + " tokens, more than max_model_len " +
+    return id() + "prompt has " + std::to_string(n) + " tokens, more than max_model_len " +
            std::to_string(options_.max_model_len);
   }
-  if (r.max_tokens < 1) return id + "max_tokens must be >= 1";
+  if (r.max_tokens < 1) return id() + "max_tokens must be >= 1";
   if (n + r.max_tokens > options_.max_model_len) {
-    return id + "prompt (" + std::to_string(n) + ") + max_tokens (" + std::to_string(r.max_tokens) +
+    return id() + "prompt (" + std::to_string(n) + ") + max_tokens (" + std::to_string(r.max_tokens) +
            ") exceeds max_model_len " + std::to_string(options_.max_model_len) + "; lower max_tokens";
   }
-  if (done >= r.max_tokens) return id + "already generated max_tokens tokens: nothing left to do";
+  if (done >= r.max_tokens) return id() + "already generated max_tokens tokens: nothing left to do";
   auto bad_id = [&](const std::vector<int32_t>& ids, const char* what) -> std::optional<std::string> {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= options_.vocab_size) {
-        return id + what + " token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+        return id() + what + " token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
                ", outside the vocabulary [0, " + std::to_string(options_.vocab_size) + ")";
       }
     }
@@ -70,25 +70,33 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
   if (auto e = bad_id(r.prompt_ids, "prompt")) return e;
   if (auto e = bad_id(r.output_ids, "output")) return e;
   if (done > 0 && !r.ignore_eos && r.output_ids.back() == options_.eos_id) {
-    return id + "its output already ends with eos: nothing left to do";
+    return id() + "its output already ends with eos: nothing left to do";
   }
   try {
     validate(r.sampling);
   } catch (const std::invalid_argument& e) {
-    return id + e.what();
+    return id() + e.what();
   }
   // The last generated token is sampled, never fed back, so it takes no slot.
   const int64_t max_slots = n + r.max_tokens - 1;
   if (blocks_for(max_slots) > options_.num_blocks) {
-    return id + "needs up to " + std::to_string(blocks_for(max_slots)) + " KV blocks but the pool has " +
+    return id() + "needs up to " + std::to_string(blocks_for(max_slots)) + " KV blocks but the pool has " +
            std::to_string(options_.num_blocks) + "; shorten the prompt or lower max_tokens";
   }
   if (!options_.enable_chunked_prefill && max_slots > options_.max_num_batched_tokens) {
-    return id + "without chunked prefill up to " + std::to_string(max_slots) +
+    return id() + "without chunked prefill up to " + std::to_string(max_slots) +
            " tokens may have to run in one step, more than max_num_batched_tokens " +
            std::to_string(options_.max_num_batched_tokens);
   }
   return std::nullopt;
+}
+
+bool Scheduler::fits(const Request& r) const {
+  const auto n = static_cast<int64_t>(r.prompt_ids.size());
+  const int64_t max_slots = n + r.max_tokens - 1;
+  return n + r.max_tokens <= options_.max_model_len && blocks_for(max_slots) <= options_.num_blocks &&
+         (options_.enable_chunked_prefill || max_slots <= options_.max_num_batched_tokens) &&
+         seqs_.count(r.id) == 0;
 }
 
 std::optional<std::string> Scheduler::submit(Request request) {
@@ -120,16 +128,9 @@ void Scheduler::ensure_hashes(Sequence& s, int32_t full_blocks) const {
 }
 
 int32_t Scheduler::cached_prefix_blocks(const std::vector<int32_t>& tokens) const {
-  if (!allocator_.prefix_caching() || tokens.empty()) return 0;
-  const int32_t bs = options_.block_size;
-  const auto full = static_cast<int32_t>((tokens.size() - 1) / static_cast<size_t>(bs));
-  std::vector<uint64_t> hashes;
-  uint64_t parent = 0;
-  for (int32_t i = 0; i < full; ++i) {
-    parent = allocator_.hash_block(parent, tokens.data() + static_cast<ptrdiff_t>(i) * bs);
-    hashes.push_back(parent);
-  }
-  return static_cast<int32_t>(allocator_.find_prefix(hashes, tokens.data(), full).size());
+  if (tokens.empty()) return 0;
+  const auto full = static_cast<int32_t>((tokens.size() - 1) / static_cast<size_t>(options_.block_size));
+  return allocator_.cached_prefix_length(tokens.data(), full);
 }
 
 void Scheduler::insert_running(Sequence& s) {

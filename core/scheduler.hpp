@@ -92,6 +92,12 @@ class Scheduler {
 
   // Why `request` cannot be queued here, or nullopt. Changes nothing.
   std::optional<std::string> check(const Request& request) const;
+  // Whether a request that check() accepted on a worker of the same model
+  // (vocabulary and eos) also fits here: this worker's limits (max_model_len,
+  // KV pool, step size without chunked prefill) and ids in use. Equivalent
+  // to !check(request) then, without check()'s per-token scan: placement
+  // asks every worker.
+  bool fits(const Request& request) const;
   // Queues a request. Returns why it was refused (and changes nothing), or
   // nullopt when it is waiting.
   std::optional<std::string> submit(Request request);

@@ -56,6 +56,30 @@ TEST(BlockAllocator, AllocatesAllBlocksThenRunsOut) {
   a.check_invariants();
 }
 
+// Freed blocks go out again first, most recently freed first; then blocks
+// never used, lowest id first. A block never handed out reads as free and
+// uncached, and every operation on a used block refuses it.
+TEST(BlockAllocator, FreedBlocksGoFirstThenNeverUsedOnesInIdOrder) {
+  BlockAllocator a(6, 2);
+  std::vector<int32_t> t{1, 2};
+  for (int32_t want : {0, 1, 2}) EXPECT_EQ(a.allocate(), want);
+  a.release(1);
+  a.release(0);
+  EXPECT_EQ(a.num_free(), 5);
+  a.check_invariants();
+  for (int32_t want : {0, 1, 3, 4}) EXPECT_EQ(a.allocate(), want);
+  EXPECT_EQ(a.ref_count(5), 0);
+  EXPECT_FALSE(a.is_cached(5));
+  EXPECT_THROW(a.release(5), std::logic_error);
+  EXPECT_THROW(a.share(5), std::logic_error);
+  EXPECT_THROW(a.register_block(5, -1, a.hash_block(0, t.data()), t.data()), std::logic_error);
+  EXPECT_THROW(a.ref_count(6), std::out_of_range);
+  a.check_invariants();
+  EXPECT_EQ(a.allocate(), 5);
+  EXPECT_EQ(a.allocate(), -1);
+  a.check_invariants();
+}
+
 TEST(BlockAllocator, BulkAllocateIsAllOrNothing) {
   BlockAllocator a(3, 4);
   std::vector<int32_t> out;
@@ -102,11 +126,16 @@ TEST(BlockAllocator, FindsLongestCachedPrefixAndShares) {
   EXPECT_EQ(a.find_prefix(hashes, tokens.data(), 3), blocks);
   EXPECT_EQ(a.find_prefix(hashes, tokens.data(), 2),
             std::vector<int32_t>(blocks.begin(), blocks.begin() + 2));
+  EXPECT_EQ(a.cached_prefix_length(tokens.data(), 3), 3);
+  EXPECT_EQ(a.cached_prefix_length(tokens.data(), 2), 2);
 
   // A different second block: only the first one matches.
   auto other = tokens;
   other[5] = 7;
   EXPECT_EQ(a.find_prefix(names(a, other, 3), other.data(), 3), std::vector<int32_t>{blocks[0]});
+  EXPECT_EQ(a.cached_prefix_length(other.data(), 3), 1);
+  other[0] = 7;
+  EXPECT_EQ(a.cached_prefix_length(other.data(), 3), 0);
 
   // Sharing bumps refs; releasing both owners leaves the blocks cached and evictable.
   for (int32_t b : blocks) a.share(b);
@@ -134,7 +163,9 @@ TEST(BlockAllocator, NameMatchWithDifferentTokensIsRejected) {
   std::vector<int32_t> forged{7, 2};  // a collision: the same name, other tokens
   ASSERT_EQ(a.hash_block(0, forged.data()), h);
   EXPECT_TRUE(a.find_prefix({h}, forged.data(), 1).empty());
+  EXPECT_EQ(a.cached_prefix_length(forged.data(), 1), 0);
   EXPECT_EQ(a.find_prefix({h}, t.data(), 1), std::vector<int32_t>{b});
+  EXPECT_EQ(a.cached_prefix_length(t.data(), 1), 1);
 }
 
 // vLLM's GHSA-rm76-4mrf-v9r8 in miniature. A block [9, 5] whose name collides
@@ -167,6 +198,7 @@ TEST(BlockAllocator, CollidingParentCannotServeItsChildToAnotherPrefix) {
   ASSERT_TRUE(b.register_block(p2[0], -1, 6, second.data()));
   ASSERT_TRUE(b.register_block(p2[1], p2[0], 7, second.data() + 2));
   EXPECT_EQ(b.find_prefix({5, 7}, victim.data(), 2), p1) << "[2, 7] was computed after [3, 6], not [1, 5]";
+  EXPECT_EQ(b.cached_prefix_length(victim.data(), 2), 1) << "placement counts by the same rule";
   b.check_invariants();
 }
 
