@@ -154,10 +154,9 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
     if (!parent.cached) return false;
     parent_gen = parent.gen;
   }
-  if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
+  if (const int32_t holder = by_hash_.find(hash); holder >= 0) {
     // A name held by a block whose parent has since lost its contents is
     // unreachable: free the name for this block when nobody uses the holder.
-    const int32_t holder = it->second;
     const Block& h = blocks_[static_cast<size_t>(holder)];
     const bool orphan = h.parent >= 0 && (!blocks_[static_cast<size_t>(h.parent)].cached ||
                                           blocks_[static_cast<size_t>(h.parent)].gen != h.parent_gen);
@@ -173,19 +172,19 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   const size_t at_end = (static_cast<size_t>(block) + 1) * static_cast<size_t>(block_size_);
   if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
   std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
-  by_hash_.emplace(hash, block);
+  by_hash_.insert(hash, block);
   return true;
 }
 
 int32_t BlockAllocator::match(uint64_t hash, const int32_t* tokens, int32_t parent) const {
-  auto it = by_hash_.find(hash);
-  if (it == by_hash_.end()) return -1;
-  const Block& blk = blocks_[static_cast<size_t>(it->second)];
-  const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(it->second) * block_size_;
+  const int32_t b = by_hash_.find(hash);
+  if (b < 0) return -1;
+  const Block& blk = blocks_[static_cast<size_t>(b)];
+  const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_;
   if (!std::equal(tokens, tokens + block_size_, have)) return -1;
   if (blk.parent != parent) return -1;
   if (parent >= 0 && blk.parent_gen != blocks_[static_cast<size_t>(parent)].gen) return -1;
-  return it->second;
+  return b;
 }
 
 std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
@@ -264,8 +263,7 @@ void BlockAllocator::check_invariants() const {
       fail("used block " + std::to_string(b) + " is on a free list");
     if (blk.cached) {
       ++cached;
-      auto it = by_hash_.find(blk.hash);
-      if (it == by_hash_.end() || it->second != b) fail("hash map misses cached block " + std::to_string(b));
+      if (by_hash_.find(blk.hash) != b) fail("hash map misses cached block " + std::to_string(b));
     }
   }
   if (cached != by_hash_.size()) fail("hash map holds stale entries");

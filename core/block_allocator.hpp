@@ -33,8 +33,9 @@
 // when a block's contents are valid before it registers the block.
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
+
+#include "core/name_index.hpp"
 
 namespace troupe::core {
 
@@ -148,7 +149,7 @@ class BlockAllocator {
   std::vector<Block> blocks_;
   std::vector<int32_t> clean_;   // stack of clean free blocks once used, most recently freed on top
   std::vector<int32_t> tokens_;  // [block * block_size, +block_size): ids of each cached block
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  NameIndex by_hash_;
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = least recently released
   int32_t num_evictable_ = 0;
   int64_t hit_blocks_ = 0, miss_blocks_ = 0, evictions_ = 0;
