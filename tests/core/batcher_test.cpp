@@ -229,6 +229,43 @@ TEST(Batcher, RefusesWhatNoWorkerCanRunAndDuplicateIds) {
   c.run();
 }
 
+// Placement asks each worker whether a request fits its own limits
+// (max_model_len, KV pool, one-step prompts without chunked prefill): under
+// every policy a request goes only to a worker it fits, however loaded.
+TEST(Batcher, PlacementSkipsWorkersWhoseLimitsARequestExceeds) {
+  for (PlacementPolicy policy :
+       {PlacementPolicy::kRoundRobin, PlacementPolicy::kLeastLoaded, PlacementPolicy::kPrefixAffinity}) {
+    BatcherOptions bo;
+    bo.placement = policy;
+    Cluster c(bo);
+    SchedulerOptions short_ctx = worker_options(), few_blocks = worker_options(/*blocks=*/6),
+                     no_chunking = worker_options(), roomy = worker_options();
+    short_ctx.max_model_len = 32;
+    no_chunking.enable_chunked_prefill = false;
+    no_chunking.max_num_batched_tokens = 40;
+    c.add(1, short_ctx);
+    c.add(2, few_blocks);  // 24 slots
+    c.add(3, no_chunking);
+    c.add(4, roomy);
+    const std::string who = to_string(policy);
+    // 31 prompt + 11 output (41 slots): only the roomy worker, however loaded.
+    for (uint64_t id = 100; id < 104; ++id) {
+      ASSERT_FALSE(
+          c.b.submit(make_request(id, range_tokens(31, 500 + 100 * static_cast<int32_t>(id)), 11), c.now));
+      EXPECT_EQ(c.b.worker_of(id), 4u) << who;
+    }
+    // 30 + 10: past worker 1's context and worker 2's 24 slots; 39 slots in
+    // one step at most for worker 3 (40 allowed), which is idle.
+    ASSERT_FALSE(c.b.submit(make_request(1, range_tokens(30, 1000), 10), c.now));
+    EXPECT_EQ(c.b.worker_of(1), 3u) << who;
+    // 10 + 5 fits everywhere: round-robin's next after 3; for the others the
+    // idle worker with the most free blocks.
+    ASSERT_FALSE(c.b.submit(make_request(2, range_tokens(10, 3000), 5), c.now));
+    EXPECT_EQ(c.b.worker_of(2), policy == PlacementPolicy::kRoundRobin ? 4u : 1u) << who;
+    c.run();
+  }
+}
+
 TEST(Batcher, DrainMovesQueuedRequestsAndLetsRunningOnesFinish) {
   BatcherOptions o;
   o.placement = PlacementPolicy::kRoundRobin;
