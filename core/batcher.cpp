@@ -1,6 +1,7 @@
 #include "core/batcher.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 namespace troupe::core {
@@ -67,11 +68,16 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
 }
 
 void Batcher::collect(Worker& w) {
-  for (auto& ev : w.sched->take_events()) {
+  std::vector<RequestEvent> evs = w.sched->take_events();
+  for (const RequestEvent& ev : evs) {
     if (ev.kind == EventKind::kToken) ++w.tokens_generated;
     if (ev.finished()) where_.erase(ev.request_id);
-    events_.push_back(std::move(ev));
   }
+  if (events_.empty()) {
+    events_.swap(evs);  // the usual case: one worker's step since the last take_events()
+    return;
+  }
+  events_.insert(events_.end(), std::make_move_iterator(evs.begin()), std::make_move_iterator(evs.end()));
 }
 
 Batcher::Worker* Batcher::pick(const Request& r) {

@@ -85,6 +85,7 @@ void BlockAllocator::lru_remove(int32_t b) {
 void BlockAllocator::uncache(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   by_hash_.erase(blk.hash);
+  if (blk.parent < 0) roots_.erase(blk.hash);
   blk.cached = false;
   blk.hash = 0;
   blk.parent = -1;
@@ -173,6 +174,7 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
   std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   by_hash_.insert(hash, block);
+  if (parent_block < 0) roots_.insert(hash, block);
   return true;
 }
 
@@ -202,9 +204,13 @@ std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& ha
 }
 
 int32_t BlockAllocator::cached_prefix_length(const int32_t* tokens, int32_t max_blocks) const {
-  if (!prefix_caching_ || by_hash_.empty()) return 0;
-  uint64_t hash = 0;
-  int32_t parent = -1, i = 0;
+  if (!prefix_caching_ || roots_.empty() || max_blocks < 1) return 0;
+  // The first block can only be a root: look it up among the roots, a far
+  // smaller table than all names (placement asks every worker, most miss).
+  uint64_t hash = hash_block(0, tokens);
+  int32_t parent = roots_.find(hash);
+  if (parent < 0 || match(hash, tokens, -1) != parent) return 0;
+  int32_t i = 1;
   for (; i < max_blocks; ++i) {  // each name hashed only once its parent matched
     const int32_t* block = tokens + static_cast<ptrdiff_t>(i) * block_size_;
     hash = hash_block(hash, block);
@@ -267,6 +273,14 @@ void BlockAllocator::check_invariants() const {
     }
   }
   if (cached != by_hash_.size()) fail("hash map holds stale entries");
+  size_t roots = 0;
+  for (int32_t b = 0; b < handed_out; ++b) {
+    const Block& blk = blocks_[static_cast<size_t>(b)];
+    if (!blk.cached || blk.parent >= 0) continue;
+    ++roots;
+    if (roots_.find(blk.hash) != b) fail("root index misses cached first block " + std::to_string(b));
+  }
+  if (roots != roots_.size()) fail("root index holds stale entries");
   if (num_free() + num_used() != num_blocks_) fail("free + used != total");
 }
 

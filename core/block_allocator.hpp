@@ -150,6 +150,7 @@ class BlockAllocator {
   std::vector<int32_t> clean_;   // stack of clean free blocks once used, most recently freed on top
   std::vector<int32_t> tokens_;  // [block * block_size, +block_size): ids of each cached block
   NameIndex by_hash_;
+  NameIndex roots_;  // the cached blocks with no parent (a sequence's first), also in by_hash_
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = least recently released
   int32_t num_evictable_ = 0;
   int64_t hit_blocks_ = 0, miss_blocks_ = 0, evictions_ = 0;

@@ -557,6 +557,7 @@ bool Scheduler::is_running(uint64_t id) const {
 std::vector<RequestEvent> Scheduler::take_events() {
   std::vector<RequestEvent> out;
   out.swap(events_);
+  events_.reserve(out.size());  // the next step brings about as many: no growth by doubling each time
   return out;
 }
 
