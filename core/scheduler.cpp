@@ -433,9 +433,9 @@ void Scheduler::fail(Sequence& s, const std::string& error, bool retryable) {
 void Scheduler::on_step_done(const StepResult& result) {
   if (in_flight_steps_.empty()) throw std::invalid_argument("Scheduler::on_step_done: no step is in flight");
   const StepRecord& rec = in_flight_steps_.front();
-  const std::string who = "Scheduler::on_step_done: step " + std::to_string(result.step_id) + ": ";
+  auto who = [&] { return "Scheduler::on_step_done: step " + std::to_string(result.step_id) + ": "; };
   if (result.step_id != rec.step_id) {
-    throw std::invalid_argument(who + "step " + std::to_string(rec.step_id) +
+    throw std::invalid_argument(who() + "step " + std::to_string(rec.step_id) +
                                 " is the oldest in flight; results must come in order");
   }
   // Check the result against the plan before changing anything: outputs in
@@ -445,30 +445,30 @@ void Scheduler::on_step_done(const StepResult& result) {
     const bool known =
         std::any_of(rec.work.begin(), rec.work.end(), [&](const WorkRef& w) { return w.seq_id == f.seq_id; });
     if (!known || !failed.emplace(f.seq_id, &f).second) {
-      throw std::invalid_argument(who + "failure for seq " + std::to_string(f.seq_id) +
+      throw std::invalid_argument(who() + "failure for seq " + std::to_string(f.seq_id) +
                                   ", which is not in the step or is named twice");
     }
   }
   if (!result.error.empty() && (!result.outputs.empty() || !result.failures.empty())) {
-    throw std::invalid_argument(who + "a failed step cannot also have outputs or failures");
+    throw std::invalid_argument(who() + "a failed step cannot also have outputs or failures");
   }
   size_t j = 0;
   if (result.error.empty()) {
     for (const WorkRef& w : rec.work) {
       if (!w.sample || failed.count(w.seq_id)) continue;
       if (j >= result.outputs.size()) {
-        throw std::invalid_argument(who + "no output for seq " + std::to_string(w.seq_id));
+        throw std::invalid_argument(who() + "no output for seq " + std::to_string(w.seq_id));
       }
       const SeqOutput& out = result.outputs[j++];
       if (out.seq_id != w.seq_id || out.token.id < 0 || out.token.id >= options_.vocab_size) {
-        throw std::invalid_argument(who + "output " + std::to_string(j - 1) + " (seq " +
+        throw std::invalid_argument(who() + "output " + std::to_string(j - 1) + " (seq " +
                                     std::to_string(out.seq_id) + ", token " + std::to_string(out.token.id) +
                                     ") does not match the plan (seq " + std::to_string(w.seq_id) +
                                     ") or the vocabulary");
       }
     }
     if (j != result.outputs.size())
-      throw std::invalid_argument(who + "more outputs than sampling work items");
+      throw std::invalid_argument(who() + "more outputs than sampling work items");
   }
 
   const StepRecord done = std::move(in_flight_steps_.front());

@@ -211,6 +211,7 @@ class Simulation {
     core::RequestTiming& t = result_.requests[i];
     t.start_ns = now_;
     t.prompt_tokens = w.input_len;
+    t.token_ns.reserve(static_cast<size_t>(w.output_len));  // one allocation of its final size
     ++outstanding_;
     if (auto err = batcher_.submit(std::move(r), now_)) {
       t.success = false;
