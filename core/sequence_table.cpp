@@ -83,7 +83,10 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
       continue;
     }
     Entry& en = seqs_[ns.seq_id];
-    en.tokens = ns.tokens;
+    // Room for every position at once: one allocation of one size per
+    // sequence, not a chain of doubling ones as it grows token by token.
+    en.tokens.reserve(static_cast<size_t>(options_.max_positions));
+    en.tokens.assign(ns.tokens.begin(), ns.tokens.end());
     en.blocks = ns.block_table;
     en.num_computed = ns.num_cached;
     en.sampling = ns.sampling;
