@@ -178,15 +178,17 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   return true;
 }
 
-int32_t BlockAllocator::match(uint64_t hash, const int32_t* tokens, int32_t parent) const {
-  const int32_t b = by_hash_.find(hash);
-  if (b < 0) return -1;
+bool BlockAllocator::holds(int32_t b, const int32_t* tokens, int32_t parent) const {
   const Block& blk = blocks_[static_cast<size_t>(b)];
   const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_;
-  if (!std::equal(tokens, tokens + block_size_, have)) return -1;
-  if (blk.parent != parent) return -1;
-  if (parent >= 0 && blk.parent_gen != blocks_[static_cast<size_t>(parent)].gen) return -1;
-  return b;
+  if (!std::equal(tokens, tokens + block_size_, have)) return false;
+  if (blk.parent != parent) return false;
+  return parent < 0 || blk.parent_gen == blocks_[static_cast<size_t>(parent)].gen;
+}
+
+int32_t BlockAllocator::match(uint64_t hash, const int32_t* tokens, int32_t parent) const {
+  const int32_t b = by_hash_.find(hash);
+  return b >= 0 && holds(b, tokens, parent) ? b : -1;
 }
 
 std::vector<int32_t> BlockAllocator::find_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens,
@@ -209,7 +211,7 @@ int32_t BlockAllocator::cached_prefix_length(const int32_t* tokens, int32_t max_
   // smaller table than all names (placement asks every worker, most miss).
   uint64_t hash = hash_block(0, tokens);
   int32_t parent = roots_.find(hash);
-  if (parent < 0 || match(hash, tokens, -1) != parent) return 0;
+  if (parent < 0 || !holds(parent, tokens, -1)) return 0;
   int32_t i = 1;
   for (; i < max_blocks; ++i) {  // each name hashed only once its parent matched
     const int32_t* block = tokens + static_cast<ptrdiff_t>(i) * block_size_;

@@ -134,8 +134,10 @@ class BlockAllocator {
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void uncache(int32_t b);
-  // The cached block named `hash` holding `tokens` (block_size ids) whose K/V
-  // were computed after `parent` (-1: first); -1 when there is none.
+  // Whether cached block b holds `tokens` (block_size ids) and its K/V were
+  // computed after `parent` (-1: first) as that block is now.
+  bool holds(int32_t b, const int32_t* tokens, int32_t parent) const;
+  // The cached block named `hash` that holds(tokens, parent); -1 when there is none.
   int32_t match(uint64_t hash, const int32_t* tokens, int32_t parent) const;
 
   int32_t num_blocks_;
