@@ -23,7 +23,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "model/linear_kernel.hpp"
 

@@ -14,7 +14,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "model/linear_kernel.hpp"
 
