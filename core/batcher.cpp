@@ -68,16 +68,17 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
 }
 
 void Batcher::collect(Worker& w) {
-  std::vector<RequestEvent> evs = w.sched->take_events();
-  for (const RequestEvent& ev : evs) {
+  w.sched->take_events(collected_);
+  for (const RequestEvent& ev : collected_) {
     if (ev.kind == EventKind::kToken) ++w.tokens_generated;
     if (ev.finished()) where_.erase(ev.request_id);
   }
   if (events_.empty()) {
-    events_.swap(evs);  // the usual case: one worker's step since the last take_events()
+    events_.swap(collected_);  // the usual case: one worker's step since the last take_events()
     return;
   }
-  events_.insert(events_.end(), std::make_move_iterator(evs.begin()), std::make_move_iterator(evs.end()));
+  events_.insert(events_.end(), std::make_move_iterator(collected_.begin()),
+                 std::make_move_iterator(collected_.end()));
 }
 
 Batcher::Worker* Batcher::pick(const Request& r) {
@@ -321,6 +322,11 @@ std::vector<RequestEvent> Batcher::take_events() {
   std::vector<RequestEvent> out;
   out.swap(events_);
   return out;
+}
+
+void Batcher::take_events(std::vector<RequestEvent>& out) {
+  out.clear();
+  out.swap(events_);
 }
 
 int32_t Batcher::num_waiting() const {

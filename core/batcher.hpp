@@ -120,6 +120,9 @@ class Batcher {
   std::optional<int64_t> next_deadline() const;
 
   std::vector<RequestEvent> take_events();
+  // The same into `out` (cleared first), whose buffer is kept for the next
+  // events (no allocation per step for a caller that keeps one vector).
+  void take_events(std::vector<RequestEvent>& out);
 
   bool has_unfinished() const { return !where_.empty(); }
   int32_t num_unfinished() const { return static_cast<int32_t>(where_.size()); }
@@ -156,6 +159,7 @@ class Batcher {
   std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)
   uint64_t rr_next_ = 0;
   std::vector<RequestEvent> events_;
+  std::vector<RequestEvent> collected_;  // collect()'s buffer, swapped with the schedulers'
 };
 
 }  // namespace troupe::core

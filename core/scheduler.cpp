@@ -561,6 +561,11 @@ std::vector<RequestEvent> Scheduler::take_events() {
   return out;
 }
 
+void Scheduler::take_events(std::vector<RequestEvent>& out) {
+  out.clear();
+  out.swap(events_);
+}
+
 SchedulerStats Scheduler::stats() const {
   SchedulerStats st = counters_;
   st.num_running = num_running();

@@ -139,6 +139,9 @@ class Scheduler {
 
   // Drains the events produced since the last call, in order.
   std::vector<RequestEvent> take_events();
+  // The same into `out` (cleared first), which leaves its buffer here for
+  // the next events: callers that keep one vector allocate nothing per step.
+  void take_events(std::vector<RequestEvent>& out);
 
   int32_t steps_in_flight() const { return static_cast<int32_t>(in_flight_steps_.size()); }
   bool step_in_flight() const { return !in_flight_steps_.empty(); }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace troupe::core {
@@ -73,13 +72,54 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
 
 PreparedStep SequenceTable::prepare(const StepPlan& plan) {
   PreparedStep step;
+  prepare(plan, step);
+  return step;
+}
+
+template <typename BlockAt>
+bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const BlockAt& block_at) {
+  const int64_t bs = options_.block_size;
+  // An item writes one run of slots per block it touches; a clash is another
+  // sequence's run in the same block that overlaps it.
+  for (int64_t k = start / bs; k * bs < end; ++k) {
+    const BlockWrites& bw = block_writes_[static_cast<size_t>(block_at(k))];
+    if (bw.epoch != step_epoch_) continue;
+    const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
+    const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
+    for (int32_t r = bw.first; r >= 0; r = writes_[static_cast<size_t>(r)].next) {
+      const WriteRange& w = writes_[static_cast<size_t>(r)];
+      if (w.seq != seq && w.lo < hi && lo < w.hi) return true;
+    }
+  }
+  for (int64_t k = start / bs; k * bs < end; ++k) {
+    BlockWrites& bw = block_writes_[static_cast<size_t>(block_at(k))];
+    if (bw.epoch != step_epoch_) bw = {step_epoch_, -1};
+    const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
+    const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
+    writes_.push_back({seq, lo, hi, bw.first});
+    bw.first = static_cast<int32_t>(writes_.size() - 1);
+  }
+  return false;
+}
+
+void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
   step.step_id = plan.step_id;
+  step.failures.clear();
+  size_t n_chunks = 0;       // step.chunks[0, n_chunks) hold this step's; the rest are reused buffers
+  if (++step_epoch_ == 0) {  // wrapped: old marks could read as this step's
+    for (auto& [id, en] : seqs_) en.step_mark = 0;
+    for (BlockWrites& bw : block_writes_) bw.epoch = 0;
+    step_epoch_ = 1;
+  }
+  if (block_writes_.empty()) block_writes_.resize(static_cast<size_t>(options_.num_blocks));
+  writes_.clear();
+  gone_in_step_.clear();
+  refused_new_.clear();
   for (uint64_t id : plan.drop) seqs_.erase(id);
-  std::unordered_map<uint64_t, std::string> refused;  // new sequences not learned, and why
   for (const NewSequence& ns : plan.new_seqs) {
     seqs_.erase(ns.seq_id);  // a new sequence replaces whatever had its id
     if (std::string e = check_new(ns); !e.empty()) {
-      refused[ns.seq_id] = e;
+      refused_new_.emplace_back(ns.seq_id, std::move(e));
       continue;
     }
     Entry& en = seqs_[ns.seq_id];
@@ -93,28 +133,33 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
   }
 
   const int64_t bs = options_.block_size;
-  std::unordered_set<uint64_t> in_step;
-  std::unordered_map<int64_t, uint64_t> writer;  // KV slot -> seq writing it in this step
   for (const SeqWork& w : plan.work) {
     auto refuse = [&](const std::string& why, bool retryable) {
       step.failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + ": " + why, retryable});
       seqs_.erase(w.seq_id);
+      gone_in_step_.push_back(w.seq_id);
     };
-    if (auto r = refused.find(w.seq_id); r != refused.end()) {
-      refuse(r->second, false);
+    // A new sequence refused in this plan: its work is refused with the
+    // reason (the last refusal of that id).
+    const auto refused = std::find_if(refused_new_.rbegin(), refused_new_.rend(),
+                                      [&](const auto& r) { return r.first == w.seq_id; });
+    if (refused != refused_new_.rend()) {
+      refuse(refused->second, false);
       continue;
     }
-    if (!in_step.insert(w.seq_id).second) {
+    auto it = seqs_.find(w.seq_id);
+    if ((it != seqs_.end() && it->second.step_mark == step_epoch_) ||
+        std::find(gone_in_step_.begin(), gone_in_step_.end(), w.seq_id) != gone_in_step_.end()) {
       step.failures.push_back(
           {w.seq_id, "seq " + std::to_string(w.seq_id) + " appears twice in one step", true});
       continue;
     }
-    auto it = seqs_.find(w.seq_id);
     if (it == seqs_.end()) {
       refuse("the worker does not hold this sequence (never sent, dropped, or lost)", true);
       continue;
     }
     Entry& en = it->second;
+    en.step_mark = step_epoch_;
     if (w.start_pos != en.num_computed) {
       refuse("plan starts at position " + std::to_string(w.start_pos) + ", the worker has computed " +
                  std::to_string(en.num_computed),
@@ -155,27 +200,21 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
       const auto k = static_cast<size_t>(i);
       return k < held ? en.blocks[k] : w.new_blocks[k - held];
     };
-    bool clash = false;
-    for (int64_t p = w.start_pos; p < end && !clash; ++p) {
-      const int64_t slot = static_cast<int64_t>(block_at(p / bs)) * bs + p % bs;
-      auto [wit, fresh] = writer.emplace(slot, w.seq_id);
-      clash = !fresh && wit->second != w.seq_id;
-    }
-    if (clash) {
+    if (writes_clash(w.seq_id, w.start_pos, end, block_at)) {
       refuse("writes a KV slot that another sequence writes in this step", true);
       continue;
     }
     en.blocks.insert(en.blocks.end(), w.new_blocks.begin(), w.new_blocks.end());
-    SeqChunk c;
+    if (n_chunks == step.chunks.size()) step.chunks.emplace_back();
+    SeqChunk& c = step.chunks[n_chunks++];
     c.seq_id = w.seq_id;
     c.start_pos = w.start_pos;
     c.token_ids.assign(en.tokens.begin() + w.start_pos, en.tokens.begin() + end);
-    c.block_table = en.blocks;
+    c.block_table.assign(en.blocks.begin(), en.blocks.end());
     c.sample = w.sample;
     c.sampling = en.sampling;
-    step.chunks.push_back(std::move(c));
   }
-  return step;
+  step.chunks.resize(n_chunks);
 }
 
 void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput>& outputs,

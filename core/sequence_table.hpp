@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/step_plan.hpp"
@@ -46,6 +47,9 @@ class SequenceTable {
   // chunk with its tokens and whole block table. New blocks are appended
   // here; positions advance only in commit().
   PreparedStep prepare(const StepPlan& plan);
+  // The same into `out`, reusing its buffers (a caller that keeps one
+  // PreparedStep allocates nothing per step once they have grown).
+  void prepare(const StepPlan& plan, PreparedStep& out);
   // The step ran. outputs: one per sampling chunk that sampled, in chunk
   // order; `failed`: chunks whose sampling failed (their sequences are
   // forgotten). Every other chunk's sequence advances by its tokens, and a
@@ -68,7 +72,23 @@ class SequenceTable {
     std::vector<int32_t> blocks;
     int32_t num_computed = 0;
     SamplingParams sampling;
+    uint32_t step_mark = 0;  // step_epoch_ of the last prepare() whose work named it
   };
+  // Slots [lo, hi) of one block that `seq` writes in the step being prepared;
+  // `next`: the block's next range in writes_, -1 at the end.
+  struct WriteRange {
+    uint64_t seq;
+    int32_t lo, hi, next;
+  };
+  struct BlockWrites {
+    uint32_t epoch = 0;  // step_epoch_ of the last step that wrote the block
+    int32_t first = -1;  // its first range in writes_ then
+  };
+  // Whether the item of `seq` writing positions [start, end) through
+  // `block_at` touches a slot another item of this step writes; records its
+  // writes when it does not.
+  template <typename BlockAt>
+  bool writes_clash(uint64_t seq, int64_t start, int64_t end, const BlockAt& block_at);
   // Why a new sequence is unacceptable, or empty.
   std::string check_new(const NewSequence& ns) const;
   // Why appending `added` to the block table `valid` (already checked)
@@ -80,6 +100,14 @@ class SequenceTable {
   std::unordered_map<uint64_t, Entry> seqs_;
   mutable std::vector<uint32_t> seen_;  // per block: the epoch_ of the check that last saw it
   mutable uint32_t epoch_ = 0;
+  // Per prepare(): its epoch (marks entries and blocks), the KV writes of
+  // its accepted items, the ids of items refused or unknown (for "appears
+  // twice" once their entry is gone), the new sequences refused and why.
+  uint32_t step_epoch_ = 0;
+  std::vector<BlockWrites> block_writes_;
+  std::vector<WriteRange> writes_;
+  std::vector<uint64_t> gone_in_step_;
+  std::vector<std::pair<uint64_t, std::string>> refused_new_;
 };
 
 }  // namespace troupe::core

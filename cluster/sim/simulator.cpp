@@ -260,7 +260,8 @@ class Simulation {
   }
 
   void drain_events() {
-    for (core::RequestEvent& ev : batcher_.take_events()) {
+    batcher_.take_events(events_buf_);
+    for (core::RequestEvent& ev : events_buf_) {
       const size_t i = ev.request_id - 1;
       core::RequestTiming& t = result_.requests[i];
       switch (ev.kind) {
@@ -301,7 +302,7 @@ class Simulation {
     // refuses do not run), or, without tables, the plan's work as it stands.
     w.items.clear();
     if (o_.worker_tables) {
-      w.prepared = w.table.prepare(w.current);
+      w.table.prepare(w.current, w.prepared);
       for (const core::SeqChunk& c : w.prepared.chunks)
         w.items.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample});
     } else {
@@ -386,7 +387,8 @@ class Simulation {
   int64_t finished_ = 0;
   int32_t outstanding_ = 0;
   std::deque<size_t> client_queue_;
-  std::vector<uint64_t> touched_;  // workers whose state changed since they were last planned
+  std::vector<core::RequestEvent> events_buf_;  // drain_events()'s, reused
+  std::vector<uint64_t> touched_;               // workers whose state changed since they were last planned
   std::optional<int64_t> deadline_;
   int64_t pending_work_events_ = 0;
   int64_t tokens_in_interval_ = 0;

@@ -109,5 +109,112 @@ TEST(SequenceTable, ANewTableIsCheckedWhole) {
   EXPECT_FALSE(t.contains(1));
 }
 
+// KV writes are checked slot by slot within one step: an item writing a slot
+// an earlier item of the step writes is refused alone; writing another slot
+// of the same block is not a clash; a refused item writes nothing.
+TEST(SequenceTable, AnItemWritingAnotherItemsSlotFailsAlone) {
+  SequenceTable t(options());                // 2 slots per block
+  StepPlan p = learn(1, {5, 6, 7}, {0, 1});  // writes block 0 slots 0-1, block 1 slot 0
+  StepPlan two = learn(2, {5}, {1});         // block 1 slot 0: seq 1's
+  p.new_seqs.push_back(two.new_seqs[0]);
+  p.work.push_back(two.work[0]);
+  StepPlan three = learn(3, {5, 6}, {2});  // block 2 slots 0-1: nobody's
+  p.new_seqs.push_back(three.new_seqs[0]);
+  p.work.push_back(three.work[0]);
+  PreparedStep s = t.prepare(p);
+  ASSERT_EQ(s.failures.size(), 1u);
+  EXPECT_EQ(s.failures[0].seq_id, 2u);
+  EXPECT_NE(s.failures[0].error.find("writes a KV slot that another sequence writes"), std::string::npos)
+      << s.failures[0].error;
+  ASSERT_EQ(s.chunks.size(), 2u);
+  EXPECT_EQ(s.chunks[0].seq_id, 1u);
+  EXPECT_EQ(s.chunks[1].seq_id, 3u);
+
+  // Another slot of a block written in the step is no clash.
+  SequenceTable u(options());
+  run(u, learn(1, {5}, {0}));  // computed 1: next writes block 0 slot 1
+  StepPlan q;
+  q.work.push_back({1, 1, 1, {}, true});
+  StepPlan other = learn(2, {5}, {0});  // block 0 slot 0
+  q.new_seqs.push_back(other.new_seqs[0]);
+  q.work.push_back(other.work[0]);
+  s = u.prepare(q);
+  EXPECT_TRUE(s.failures.empty()) << s.failures[0].error;
+  EXPECT_EQ(s.chunks.size(), 2u);
+
+  // A refused item (here one clashing in its first block) leaves its later
+  // blocks free for the items after it.
+  SequenceTable v(options());
+  StepPlan r = learn(1, {5, 6}, {0});        // block 0 slots 0-1
+  StepPlan b = learn(2, {5, 6, 7}, {0, 3});  // block 0 (clash), then block 3 slot 0
+  StepPlan c = learn(3, {5}, {3});           // block 3 slot 0: free, since 2 did not run
+  for (const StepPlan* x : {&b, &c}) {
+    r.new_seqs.push_back(x->new_seqs[0]);
+    r.work.push_back(x->work[0]);
+  }
+  s = v.prepare(r);
+  ASSERT_EQ(s.failures.size(), 1u);
+  EXPECT_EQ(s.failures[0].seq_id, 2u);
+  ASSERT_EQ(s.chunks.size(), 2u);
+  EXPECT_EQ(s.chunks[1].seq_id, 3u);
+}
+
+// A sequence named twice in one step's work runs once; the second item fails
+// (also when the first was refused: unknown, or gone with its refusal).
+TEST(SequenceTable, ASequenceNamedTwiceInAStepRunsOnce) {
+  SequenceTable t(options());
+  run(t, learn(1, {5, 6, 7}, {0, 1}));
+  StepPlan p;
+  p.work.push_back({1, 3, 1, {2}, true});
+  p.work.push_back({1, 3, 1, {}, true});
+  p.work.push_back({9, 0, 1, {}, true});
+  p.work.push_back({9, 0, 1, {}, true});
+  PreparedStep s = t.prepare(p);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq_id, 1u);
+  ASSERT_EQ(s.failures.size(), 3u);
+  EXPECT_NE(s.failures[0].error.find("seq 1 appears twice"), std::string::npos) << s.failures[0].error;
+  EXPECT_NE(s.failures[1].error.find("does not hold"), std::string::npos) << s.failures[1].error;
+  EXPECT_NE(s.failures[2].error.find("seq 9 appears twice"), std::string::npos) << s.failures[2].error;
+  EXPECT_TRUE(t.contains(1));
+  // The next step may name it again.
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}}, {});
+  s = grow(t, 1, 4, {});
+  EXPECT_TRUE(s.failures.empty()) << s.failures[0].error;
+}
+
+// prepare() into a kept PreparedStep gives what a fresh one gets, whatever
+// the previous step left in it.
+TEST(SequenceTable, PreparingIntoAKeptStepReplacesItsContents) {
+  SequenceTable a(options()), b(options());
+  PreparedStep kept;
+  StepPlan p1 = learn(1, {5, 6, 7}, {0, 1});
+  StepPlan extra = learn(2, {5}, {2});
+  p1.new_seqs.push_back(extra.new_seqs[0]);
+  p1.work.push_back(extra.work[0]);
+  StepPlan bad;
+  bad.work.push_back({4, 0, 1, {}, true});  // unknown: a failure
+  p1.work.push_back(bad.work[0]);
+  a.prepare(p1, kept);
+  const PreparedStep fresh1 = b.prepare(p1);
+  ASSERT_EQ(kept.chunks.size(), 2u);
+  ASSERT_EQ(kept.failures.size(), 1u);
+  std::vector<SeqOutput> out = {{1, SampledToken{7, 0.0f, {}}}, {2, SampledToken{7, 0.0f, {}}}};
+  a.commit(kept, out, {});
+  b.commit(fresh1, out, {});
+  StepPlan p2;
+  p2.step_id = 2;
+  p2.work.push_back({2, 1, 1, {3}, true});
+  a.prepare(p2, kept);
+  const PreparedStep fresh2 = b.prepare(p2);
+  EXPECT_EQ(kept.step_id, 2u);
+  EXPECT_TRUE(kept.failures.empty());
+  ASSERT_EQ(kept.chunks.size(), 1u);
+  EXPECT_EQ(kept.chunks[0].seq_id, 2u);
+  EXPECT_EQ(kept.chunks[0].token_ids, fresh2.chunks[0].token_ids);
+  EXPECT_EQ(kept.chunks[0].block_table, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(kept.chunks[0].start_pos, 1);
+}
+
 }  // namespace
 }  // namespace troupe::core
