@@ -63,6 +63,13 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
   } catch (const std::invalid_argument& e) {
     return "worker " + std::to_string(spec.id) + ": " + e.what();
   }
+  const int32_t bs = spec.scheduler.block_size;
+  w->sched->set_root_observer([index = roots_.get(), id = spec.id, bs](const int32_t* tokens, bool cached) {
+    if (cached)
+      index->add(id, tokens, bs);
+    else
+      index->remove(id, tokens, bs);
+  });
   workers_.emplace(spec.id, std::move(w));
   return std::nullopt;
 }
@@ -106,10 +113,23 @@ Batcher::Worker* Batcher::pick(const Request& r) {
     case PlacementPolicy::kPrefixAffinity: {
       std::vector<int32_t> tokens = r.prompt_ids;
       tokens.insert(tokens.end(), r.output_ids.begin(), r.output_ids.end());
+      // Only a worker caching the first block can have a hit: the index
+      // names them (per block size), the rest have none without asking.
+      const std::vector<uint64_t>* holders = nullptr;
+      int32_t holders_bs = 0;
       Worker* best = nullptr;
       int32_t best_hit = -1;
       for (Worker* w : fit) {
-        const int32_t hit = w->sched->cached_prefix_blocks(tokens);
+        const int32_t bs = w->spec.scheduler.block_size;
+        int32_t hit = 0;
+        if (tokens.size() > static_cast<size_t>(bs)) {
+          if (bs != holders_bs) {
+            holders = roots_->holders(tokens.data(), bs);
+            holders_bs = bs;
+          }
+          if (holders && std::find(holders->begin(), holders->end(), w->spec.id) != holders->end())
+            hit = w->sched->cached_prefix_blocks(tokens);
+        }
         if (hit > best_hit || (hit == best_hit && less_loaded(w, best))) {
           best = w;
           best_hit = hit;
@@ -208,7 +228,9 @@ bool Batcher::remove_worker(uint64_t id, int64_t now) {
   if (it == workers_.end()) return false;
   std::unique_ptr<Worker> w = std::move(it->second);
   workers_.erase(it);
-  move_all(*w, now);  // the others are the only candidates now
+  roots_->remove_worker(id);
+  w->sched->set_root_observer(nullptr);  // its cache is no candidate any more
+  move_all(*w, now);                     // the others are the only candidates now
   return true;
 }
 

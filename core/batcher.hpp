@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/prefix_root_index.hpp"
 #include "core/request.hpp"
 #include "core/scheduler.hpp"
 #include "core/step_plan.hpp"
@@ -160,6 +161,9 @@ class Batcher {
   uint64_t rr_next_ = 0;
   std::vector<RequestEvent> events_;
   std::vector<RequestEvent> collected_;  // collect()'s buffer, swapped with the schedulers'
+  // The first blocks every worker caches (prefix-affinity asks only their
+  // holders); behind a pointer so the workers' observers outlive a move.
+  std::unique_ptr<PrefixRootIndex> roots_ = std::make_unique<PrefixRootIndex>();
 };
 
 }  // namespace troupe::core

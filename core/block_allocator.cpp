@@ -85,7 +85,8 @@ void BlockAllocator::lru_remove(int32_t b) {
 void BlockAllocator::uncache(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   by_hash_.erase(blk.hash);
-  if (blk.parent < 0) roots_.erase(blk.hash);
+  if (blk.parent < 0 && roots_.erase(blk.hash) && root_observer_)
+    root_observer_(tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_, false);
   blk.cached = false;
   blk.hash = 0;
   blk.parent = -1;
@@ -174,7 +175,7 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
   std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
   by_hash_.insert(hash, block);
-  if (parent_block < 0) roots_.insert(hash, block);
+  if (parent_block < 0 && roots_.insert(hash, block) && root_observer_) root_observer_(tokens, true);
   return true;
 }
 

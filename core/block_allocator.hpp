@@ -115,6 +115,14 @@ class BlockAllocator {
   // Replaces the hash function (tests: force collisions). Call before any register_block.
   void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }
 
+  // Told whenever a first block (no parent) gains its name (cached = true,
+  // register_block) or loses it (false: evicted, replaced, cleared), with
+  // the block's block_size tokens: the batcher's cluster-wide index of first
+  // blocks (core/prefix_root_index.hpp) follows every worker's through it.
+  // Call before any register_block.
+  using RootObserver = std::function<void(const int32_t* tokens, bool cached)>;
+  void set_root_observer(RootObserver fn) { root_observer_ = std::move(fn); }
+
   // Throws std::logic_error when the free lists, LRU, hash map or counters disagree.
   void check_invariants() const;
 
@@ -145,6 +153,7 @@ class BlockAllocator {
   bool prefix_caching_;
   uint64_t hash_key_;
   HashFn hash_fn_;
+  RootObserver root_observer_;
   // Blocks are handed out in id order the first time (blocks_ grows by one
   // each), so the pool's bookkeeping, like its KV, follows use: ids from
   // blocks_.size() up were never handed out and are free.

@@ -388,14 +388,16 @@ void Scheduler::end(Sequence& s, FinishReason reason, const std::string& error) 
   forget_at_worker(s);
   free_blocks(s);
   s.finished = true;
+  finished_.push_back(s.request.id);
 }
 
 void Scheduler::remove_finished() {
+  if (finished_.empty()) return;  // the usual step: nothing to visit
   running_.erase(
       std::remove_if(running_.begin(), running_.end(), [](const Sequence* s) { return s->finished; }),
       running_.end());
-  for (auto it = seqs_.begin(); it != seqs_.end();)
-    it = it->second->finished ? seqs_.erase(it) : std::next(it);
+  for (uint64_t id : finished_) seqs_.erase(id);
+  finished_.clear();
 }
 
 // Returns true when the token finished the request.
@@ -519,6 +521,7 @@ std::optional<Request> Scheduler::extract(uint64_t id) {
   forget_at_worker(s);
   free_blocks(s);
   s.finished = true;
+  finished_.push_back(s.request.id);
   remove_finished();
   return r;
 }

@@ -158,6 +158,9 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
   const BlockAllocator& allocator() const { return allocator_; }
   BlockAllocator& allocator_for_testing() { return allocator_; }
+  // Passed to the allocator (BlockAllocator::set_root_observer): the batcher's
+  // index of the first blocks its workers cache.
+  void set_root_observer(BlockAllocator::RootObserver fn) { allocator_.set_root_observer(std::move(fn)); }
 
   // Throws std::logic_error unless: every block is free or owned, each
   // block's ref count equals its owners, a block owned twice is a cached
@@ -214,6 +217,7 @@ class Scheduler {
   uint64_t next_arrival_ = 0;
   uint64_t seed_counter_ = 0;
   std::vector<RequestEvent> events_;
+  std::vector<uint64_t> finished_;  // ids marked finished, removed by remove_finished()
   SchedulerStats counters_;
 };
 

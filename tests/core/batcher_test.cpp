@@ -158,6 +158,52 @@ TEST(Batcher, PrefixAffinityGoesWhereThePrefixIsCached) {
   c.run();
 }
 
+// Prefix affinity asks only the workers the cluster's index of first blocks
+// names; the choice must be the one asking every worker gives: the most
+// cached blocks, then the least loaded, then the most free blocks, then the
+// lowest id. Checked request by request on a busy cluster whose small pools
+// evict, with shared prefixes of several lengths, and a worker that leaves.
+TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorker) {
+  Cluster c;
+  for (uint64_t id = 1; id <= 4; ++id) c.add(id, worker_options(/*blocks=*/24));
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> families;
+  for (int f = 0; f < 5; ++f) families.push_back(range_tokens(12, 1000 * (f + 1)));
+  int hits = 0, checked = 0;
+  for (uint64_t id = 1; id <= 160; ++id) {
+    std::vector<int32_t> prompt;
+    const int f = static_cast<int>(rng() % 6);  // 5: no shared prefix
+    if (f < 5) prompt.assign(families[f].begin(), families[f].begin() + 4 * (1 + rng() % 3));
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 6); k < n; ++k)
+      prompt.push_back(static_cast<int32_t>(20000 + id * 10 + k));
+    // Every worker asked, as placement did before the index.
+    uint64_t want = 0;
+    int32_t want_hit = -1, want_load = 0, want_free = 0;
+    for (uint64_t w = 1; w <= 4; ++w) {
+      const Scheduler* s = c.b.scheduler(w);
+      if (s == nullptr) continue;
+      const int32_t hit = s->cached_prefix_blocks(prompt);
+      const int32_t load = s->num_running() + s->num_waiting(), free = s->allocator().num_free();
+      if (want == 0 || hit > want_hit ||
+          (hit == want_hit && (load < want_load || (load == want_load && free > want_free)))) {
+        want = w;
+        want_hit = hit;
+        want_load = load;
+        want_free = free;
+      }
+    }
+    ASSERT_FALSE(c.b.submit(make_request(id, prompt, 1 + static_cast<int32_t>(rng() % 4)), c.now));
+    EXPECT_EQ(c.b.worker_of(id), want) << "request " << id << " (hit " << want_hit << ")";
+    hits += want_hit > 0;
+    ++checked;
+    if (id % 3 == 0) c.round();
+    if (id == 80) c.lose(2);  // its cache leaves the index with it
+  }
+  c.run();
+  EXPECT_EQ(checked, 160);
+  EXPECT_GT(hits, 40) << "the workload must exercise cache hits";
+}
+
 TEST(Batcher, ALostWorkersRequestsContinueElsewhereWithNothingRepeatedOrLost) {
   BatcherOptions o;
   o.placement = PlacementPolicy::kRoundRobin;
