@@ -114,8 +114,15 @@ std::optional<std::string> Scheduler::submit(Request request) {
   s->request.seed = s->request.sampling.seed;
   s->arrival = next_arrival_++;
   waiting_.insert(wait_key(*s));
-  const uint64_t id = s->request.id;
-  seqs_.emplace(id, std::move(s));
+  if (free_slots_.empty()) {
+    s->slot = static_cast<int32_t>(slab_.size());
+    slab_.emplace_back();
+  } else {
+    s->slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  seqs_.emplace(s->request.id, s.get());
+  slab_[static_cast<size_t>(s->slot)] = std::move(s);
   return std::nullopt;
 }
 
@@ -339,7 +346,7 @@ StepPlan Scheduler::schedule() {
     Sequence* s = planned_[i];
     if (s == nullptr) continue;
     s->plan_index = -1;
-    record.work.push_back({s->request.id, plan.work[i].sample});
+    record.work.push_back({s->request.id, s->slot, plan.work[i].sample});
     if (k != i) plan.work[k] = std::move(plan.work[i]);
     ++k;
   }
@@ -396,7 +403,14 @@ void Scheduler::remove_finished() {
   running_.erase(
       std::remove_if(running_.begin(), running_.end(), [](const Sequence* s) { return s->finished; }),
       running_.end());
-  for (uint64_t id : finished_) seqs_.erase(id);
+  for (uint64_t id : finished_) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;  // ended twice
+    const int32_t slot = it->second->slot;
+    seqs_.erase(it);
+    slab_[static_cast<size_t>(slot)].reset();
+    free_slots_.push_back(slot);
+  }
   finished_.clear();
 }
 
@@ -480,9 +494,9 @@ void Scheduler::on_step_done(const StepResult& result) {
   for (const WorkRef& w : done.work) {
     const SeqOutput* out = nullptr;
     if (result.error.empty() && w.sample && !failed.count(w.seq_id)) out = &result.outputs[j++];
-    auto it = seqs_.find(w.seq_id);
-    if (it == seqs_.end()) continue;  // finished, cancelled or moved meanwhile
-    Sequence& s = *it->second;
+    Sequence* slot = slab_[static_cast<size_t>(w.slot)].get();
+    if (slot == nullptr || slot->request.id != w.seq_id) continue;  // finished, cancelled or moved meanwhile
+    Sequence& s = *slot;
     if (s.finished || s.in_flight.empty() || s.in_flight.front().step_id != done.step_id) {
       continue;  // preempted or failed meanwhile: this work no longer counts
     }
@@ -495,7 +509,7 @@ void Scheduler::on_step_done(const StepResult& result) {
       continue;
     }
     s.num_computed += s.in_flight.front().num_tokens;
-    s.in_flight.erase(s.in_flight.begin());
+    s.in_flight.pop_front();
     register_full_blocks(s);
     if (out != nullptr) append_token(s, out->token);
   }

@@ -173,6 +173,7 @@ class Scheduler {
   using WaitKey = std::tuple<int32_t, uint64_t, uint64_t>;  // (priority, arrival, id)
   struct WorkRef {
     uint64_t seq_id;
+    int32_t slot;  // the sequence's slot in slab_ when planned (it may hold another since)
     bool sample;
   };
   struct StepRecord {
@@ -205,7 +206,12 @@ class Scheduler {
   BlockAllocator allocator_;
   int32_t watermark_blocks_;
 
-  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;  // every live request
+  // Every live request: owned by slab_ (a slot per live sequence, reused once
+  // free), found by id in seqs_. A step's record names each sequence's slot
+  // too, so its result reaches the sequence without a lookup by id.
+  std::vector<std::unique_ptr<Sequence>> slab_;
+  std::vector<int32_t> free_slots_;
+  std::unordered_map<uint64_t, Sequence*> seqs_;
   std::vector<Sequence*> running_;  // by (priority, arrival): the preemption victim is the last
   std::set<WaitKey> waiting_;       // policy order
 

@@ -26,6 +26,9 @@ void Scheduler::check_invariants() const {
     const Sequence& s = *ptr;
     const std::string who = "seq " + std::to_string(id) + ": ";
     if (s.request.id != id) broken(who + "stored under the wrong id");
+    if (s.slot < 0 || static_cast<size_t>(s.slot) >= slab_.size() ||
+        slab_[static_cast<size_t>(s.slot)].get() != ptr)
+      broken(who + "not in its slab slot");
     if (s.finished || s.plan_index != -1) broken(who + "finished or planned outside schedule()");
     const auto received = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
     if (received < 0 || received >= s.request.max_tokens) broken(who + "received count out of range");
@@ -77,6 +80,7 @@ void Scheduler::check_invariants() const {
       broken("running list out of (priority, arrival) order");
   }
   if (waiting_.size() + num_running != seqs_.size()) broken("waiting queue has duplicates or strangers");
+  if (slab_.size() != seqs_.size() + free_slots_.size()) broken("slab slots neither live nor free");
   for (const auto& key : waiting_) {
     auto it = seqs_.find(std::get<2>(key));
     if (it == seqs_.end() || it->second->state != Sequence::State::kWaiting)

@@ -1,6 +1,8 @@
 #pragma once
 // The scheduler's state for one live request (internal to the Scheduler).
+#include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "core/request.hpp"
@@ -14,15 +16,38 @@ struct InFlight {
   bool sample = false;  // the step samples this sequence's next token (unknown until the result)
 };
 
+// The steps in flight for one sequence, oldest first: at most 8
+// (SchedulerOptions::max_steps_in_flight), kept inline so that reading the
+// oldest one (every work item of every result) touches no other cache line.
+class InFlightList {
+ public:
+  static constexpr int32_t kCapacity = 8;
+  bool empty() const { return n_ == 0; }
+  int32_t size() const { return n_; }
+  const InFlight& front() const { return items_[0]; }
+  const InFlight* begin() const { return items_; }
+  const InFlight* end() const { return items_ + n_; }
+  void push_back(const InFlight& f) {
+    if (n_ == kCapacity) throw std::logic_error("Sequence: more than 8 steps in flight");
+    items_[n_++] = f;
+  }
+  void pop_front() {
+    std::move(items_ + 1, items_ + n_, items_);
+    --n_;
+  }
+  void clear() { n_ = 0; }
+
+ private:
+  InFlight items_[kCapacity];
+  int32_t n_ = 0;
+};
+
 struct Sequence {
   enum class State { kWaiting, kRunning };
-
-  Request request;              // prompt_ids and output_ids moved out into `tokens`
-  std::vector<int32_t> tokens;  // prompt, then generated ids received so far
-  int32_t num_prompt = 0;
+  // First the fields every step reads for every work item, together.
+  bool finished = false;  // set just before removal
   State state = State::kWaiting;
-  uint64_t arrival = 0;  // submission order: the policy's tie-break
-
+  int32_t num_prompt = 0;
   // KV: tokens [0, num_computed) are in the cache; the steps in `in_flight`
   // (oldest first, at most max_steps_in_flight, one of them possibly the plan
   // being formed) compute the next ones. A sampling step adds a token the
@@ -30,21 +55,22 @@ struct Sequence {
   // result arrives (the worker feeds its own sample). A running sequence holds
   // exactly ceil(num_scheduled() / block_size) blocks; a waiting one none.
   int32_t num_computed = 0;
-  std::vector<InFlight> in_flight;
+  int32_t plan_index = -1;  // work item in the plan being formed, -1 when absent
+  int32_t slot = -1;        // in the scheduler's slab
+  InFlightList in_flight;
+  std::vector<int32_t> tokens;  // prompt, then generated ids received so far
   std::vector<int32_t> blocks;
   std::vector<uint64_t> hashes;  // chained names of the full blocks of `tokens` (grows lazily)
   int32_t num_registered = 0;    // blocks [0, num_registered) were offered to the prefix cache
-
   // The worker's copy: it holds the sequence (sent as a NewSequence, not
   // dropped since) and blocks [0, blocks_sent) of its table.
   bool known_to_worker = false;
   int32_t blocks_sent = 0;
-
-  int32_t plan_index = -1;  // work item in the plan being formed, -1 when absent
-  bool finished = false;    // set just before removal
   bool admitted_once = false;
   int32_t cached_tokens = 0;  // prefix-cache hit at first admission (usage)
   int32_t failures = 0;       // failed steps survived (the next one ends the request)
+  uint64_t arrival = 0;       // submission order: the policy's tie-break
+  Request request;            // prompt_ids and output_ids moved out into `tokens`
 
   int32_t num_in_flight() const {
     int32_t n = 0;
