@@ -95,8 +95,7 @@ bool Scheduler::fits(const Request& r) const {
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
   const int64_t max_slots = n + r.max_tokens - 1;
   return n + r.max_tokens <= options_.max_model_len && blocks_for(max_slots) <= options_.num_blocks &&
-         (options_.enable_chunked_prefill || max_slots <= options_.max_num_batched_tokens) &&
-         seqs_.count(r.id) == 0;
+         (options_.enable_chunked_prefill || max_slots <= options_.max_num_batched_tokens);
 }
 
 std::optional<std::string> Scheduler::submit(Request request) {

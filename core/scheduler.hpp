@@ -94,9 +94,11 @@ class Scheduler {
   std::optional<std::string> check(const Request& request) const;
   // Whether a request that check() accepted on a worker of the same model
   // (vocabulary and eos) also fits here: this worker's limits (max_model_len,
-  // KV pool, step size without chunked prefill) and ids in use. Equivalent
-  // to !check(request) then, without check()'s per-token scan: placement
-  // asks every worker.
+  // KV pool, step size without chunked prefill). Equivalent to
+  // !check(request) then, without check()'s per-token scan, for an id no
+  // worker uses: placement asks every worker, and the batcher refuses the id
+  // of an unfinished request before it places anything (submit() still
+  // checks ids).
   bool fits(const Request& request) const;
   // Queues a request. Returns why it was refused (and changes nothing), or
   // nullopt when it is waiting.
