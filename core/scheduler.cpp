@@ -417,13 +417,12 @@ void Scheduler::remove_finished() {
 bool Scheduler::append_token(Sequence& s, const SampledToken& tok) {
   s.tokens.push_back(tok.id);
   ++counters_.tokens_generated;
-  RequestEvent ev;
+  RequestEvent& ev = events_.emplace_back();  // built in place: one per token
   ev.request_id = s.request.id;
   ev.kind = EventKind::kToken;
   ev.token_id = tok.id;
   ev.logprob = tok.logprob;
   ev.top_logprobs = tok.top;
-  events_.push_back(std::move(ev));
   const auto received = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
   if (!s.request.ignore_eos && tok.id == options_.eos_id)
     end(s, FinishReason::kEos, {});

@@ -34,6 +34,40 @@ std::string SequenceTable::bad_blocks(const std::vector<int32_t>& valid,
   return {};
 }
 
+SequenceTable::Entry* SequenceTable::find(uint64_t seq_id) {
+  const int32_t i = index_.find(seq_id);
+  return i < 0 ? nullptr : &entries_[static_cast<size_t>(i)];
+}
+
+const SequenceTable::Entry* SequenceTable::find(uint64_t seq_id) const {
+  const int32_t i = index_.find(seq_id);
+  return i < 0 ? nullptr : &entries_[static_cast<size_t>(i)];
+}
+
+void SequenceTable::forget(uint64_t seq_id) {
+  const int32_t i = index_.find(seq_id);
+  if (i < 0) return;
+  index_.erase(seq_id);
+  entries_[static_cast<size_t>(i)].live = false;
+  free_entries_.push_back(i);
+}
+
+SequenceTable::Entry& SequenceTable::learn(uint64_t seq_id) {
+  int32_t i;
+  if (free_entries_.empty()) {
+    i = static_cast<int32_t>(entries_.size());
+    entries_.emplace_back();
+  } else {
+    i = free_entries_.back();
+    free_entries_.pop_back();
+  }
+  index_.insert(seq_id, i);
+  Entry& en = entries_[static_cast<size_t>(i)];
+  en.live = true;
+  en.step_mark = 0;
+  return en;
+}
+
 SequenceTable::SequenceTable(const SequenceTableOptions& o) : options_(o) {
   if (o.num_blocks < 1 || o.block_size < 1 || o.max_positions < 1 || o.vocab_size < 1) {
     throw std::invalid_argument(
@@ -76,14 +110,23 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
   return step;
 }
 
+SequenceTable::BlockWrites& SequenceTable::block_writes(int32_t block) {
+  const size_t mask = block_writes_.size() - 1;
+  size_t i =
+      static_cast<size_t>((static_cast<uint64_t>(block) * 0x9E3779B97F4A7C15ULL) >> block_writes_shift_);
+  for (; block_writes_[i].block != block && block_writes_[i].block >= 0; i = (i + 1) & mask) {
+  }
+  return block_writes_[i];
+}
+
 template <typename BlockAt>
 bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const BlockAt& block_at) {
   const int64_t bs = options_.block_size;
   // An item writes one run of slots per block it touches; a clash is another
   // sequence's run in the same block that overlaps it.
   for (int64_t k = start / bs; k * bs < end; ++k) {
-    const BlockWrites& bw = block_writes_[static_cast<size_t>(block_at(k))];
-    if (bw.epoch != step_epoch_) continue;
+    const BlockWrites& bw = block_writes(block_at(k));
+    if (bw.block < 0) continue;
     const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
     const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
     for (int32_t r = bw.first; r >= 0; r = writes_[static_cast<size_t>(r)].next) {
@@ -92,8 +135,8 @@ bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const
     }
   }
   for (int64_t k = start / bs; k * bs < end; ++k) {
-    BlockWrites& bw = block_writes_[static_cast<size_t>(block_at(k))];
-    if (bw.epoch != step_epoch_) bw = {step_epoch_, -1};
+    BlockWrites& bw = block_writes(block_at(k));
+    if (bw.block < 0) bw = {block_at(k), -1};
     const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
     const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
     writes_.push_back({seq, lo, hi, bw.first});
@@ -107,22 +150,29 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
   step.failures.clear();
   size_t n_chunks = 0;       // step.chunks[0, n_chunks) hold this step's; the rest are reused buffers
   if (++step_epoch_ == 0) {  // wrapped: old marks could read as this step's
-    for (auto& [id, en] : seqs_) en.step_mark = 0;
-    for (BlockWrites& bw : block_writes_) bw.epoch = 0;
+    for (Entry& en : entries_) en.step_mark = 0;
     step_epoch_ = 1;
   }
-  if (block_writes_.empty()) block_writes_.resize(static_cast<size_t>(options_.num_blocks));
+  // Room for every block the work can touch (each item spans at most
+  // num_tokens / block_size + 2 blocks), at most half full.
+  size_t touch = 1;
+  for (const SeqWork& w : plan.work)
+    touch += static_cast<size_t>(std::max(w.num_tokens, 0) / options_.block_size) + 2;
+  size_t slots = 16;
+  block_writes_shift_ = 60;
+  for (; slots < 2 * touch; slots *= 2) --block_writes_shift_;
+  block_writes_.assign(slots, BlockWrites{});
   writes_.clear();
   gone_in_step_.clear();
   refused_new_.clear();
-  for (uint64_t id : plan.drop) seqs_.erase(id);
+  for (uint64_t id : plan.drop) forget(id);
   for (const NewSequence& ns : plan.new_seqs) {
-    seqs_.erase(ns.seq_id);  // a new sequence replaces whatever had its id
+    forget(ns.seq_id);  // a new sequence replaces whatever had its id
     if (std::string e = check_new(ns); !e.empty()) {
       refused_new_.emplace_back(ns.seq_id, std::move(e));
       continue;
     }
-    Entry& en = seqs_[ns.seq_id];
+    Entry& en = learn(ns.seq_id);
     // Room for every position at once: one allocation of one size per
     // sequence, not a chain of doubling ones as it grows token by token.
     en.tokens.reserve(static_cast<size_t>(options_.max_positions));
@@ -136,7 +186,7 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
   for (const SeqWork& w : plan.work) {
     auto refuse = [&](const std::string& why, bool retryable) {
       step.failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + ": " + why, retryable});
-      seqs_.erase(w.seq_id);
+      forget(w.seq_id);
       gone_in_step_.push_back(w.seq_id);
     };
     // A new sequence refused in this plan: its work is refused with the
@@ -147,18 +197,18 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
       refuse(refused->second, false);
       continue;
     }
-    auto it = seqs_.find(w.seq_id);
-    if ((it != seqs_.end() && it->second.step_mark == step_epoch_) ||
+    Entry* found = find(w.seq_id);
+    if ((found != nullptr && found->step_mark == step_epoch_) ||
         std::find(gone_in_step_.begin(), gone_in_step_.end(), w.seq_id) != gone_in_step_.end()) {
       step.failures.push_back(
           {w.seq_id, "seq " + std::to_string(w.seq_id) + " appears twice in one step", true});
       continue;
     }
-    if (it == seqs_.end()) {
+    if (found == nullptr) {
       refuse("the worker does not hold this sequence (never sent, dropped, or lost)", true);
       continue;
     }
-    Entry& en = it->second;
+    Entry& en = *found;
     en.step_mark = step_epoch_;
     if (w.start_pos != en.num_computed) {
       refuse("plan starts at position " + std::to_string(w.start_pos) + ", the worker has computed " +
@@ -222,13 +272,13 @@ void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput
   const std::unordered_set<uint64_t> bad(failed.begin(), failed.end());
   size_t j = 0;
   for (const SeqChunk& c : step.chunks) {
-    auto it = seqs_.find(c.seq_id);
-    if (it == seqs_.end()) continue;
-    if (bad.count(c.seq_id)) {
-      seqs_.erase(it);
+    Entry* en_ptr = find(c.seq_id);
+    if (en_ptr == nullptr) continue;
+    if (!bad.empty() && bad.count(c.seq_id)) {
+      forget(c.seq_id);
       continue;
     }
-    Entry& en = it->second;
+    Entry& en = *en_ptr;
     en.num_computed = c.start_pos + static_cast<int32_t>(c.token_ids.size());
     if (c.sample) {
       if (j >= outputs.size() || outputs[j].seq_id != c.seq_id) {
@@ -240,17 +290,17 @@ void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput
 }
 
 void SequenceTable::abort(const PreparedStep& step) {
-  for (const SeqChunk& c : step.chunks) seqs_.erase(c.seq_id);
+  for (const SeqChunk& c : step.chunks) forget(c.seq_id);
 }
 
 std::vector<int32_t> SequenceTable::tokens(uint64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? std::vector<int32_t>{} : it->second.tokens;
+  const Entry* en = find(seq_id);
+  return en == nullptr ? std::vector<int32_t>{} : en->tokens;
 }
 
 int32_t SequenceTable::num_computed(uint64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? -1 : it->second.num_computed;
+  const Entry* en = find(seq_id);
+  return en == nullptr ? -1 : en->num_computed;
 }
 
 }  // namespace troupe::core

@@ -18,10 +18,10 @@
 // Torch-free, no threads.
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/name_index.hpp"
 #include "core/step_plan.hpp"
 
 namespace troupe::core {
@@ -59,8 +59,8 @@ class SequenceTable {
   // The step failed as a whole: forgets every sequence it ran.
   void abort(const PreparedStep& step);
 
-  bool contains(uint64_t seq_id) const { return seqs_.count(seq_id) != 0; }
-  size_t size() const { return seqs_.size(); }
+  bool contains(uint64_t seq_id) const { return find(seq_id) != nullptr; }
+  size_t size() const { return index_.size(); }
   // Tokens the worker knows for a sequence (tests); empty when unknown.
   std::vector<int32_t> tokens(uint64_t seq_id) const;
   int32_t num_computed(uint64_t seq_id) const;
@@ -68,6 +68,7 @@ class SequenceTable {
 
  private:
   struct Entry {
+    bool live = false;
     std::vector<int32_t> tokens;
     std::vector<int32_t> blocks;
     int32_t num_computed = 0;
@@ -80,10 +81,14 @@ class SequenceTable {
     uint64_t seq;
     int32_t lo, hi, next;
   };
+  // A block the step being prepared writes, and its first range in writes_:
+  // a small open-addressing table sized per step (block -1: empty), so the
+  // check reads a few cache lines, not a mark per block of the pool.
   struct BlockWrites {
-    uint32_t epoch = 0;  // step_epoch_ of the last step that wrote the block
-    int32_t first = -1;  // its first range in writes_ then
+    int32_t block = -1;
+    int32_t first = -1;
   };
+  BlockWrites& block_writes(int32_t block);
   // Whether the item of `seq` writing positions [start, end) through
   // `block_at` touches a slot another item of this step writes; records its
   // writes when it does not.
@@ -97,14 +102,23 @@ class SequenceTable {
   std::string bad_blocks(const std::vector<int32_t>& valid, const std::vector<int32_t>& added) const;
 
   SequenceTableOptions options_;
-  std::unordered_map<uint64_t, Entry> seqs_;
+  // Live sequences: entries_[index_.find(id)]; a forgotten sequence's entry
+  // is reused (its token buffer too) by the next one learned.
+  Entry* find(uint64_t seq_id);
+  const Entry* find(uint64_t seq_id) const;
+  void forget(uint64_t seq_id);
+  Entry& learn(uint64_t seq_id);  // a fresh entry (seq_id not live)
+  NameIndex index_;
+  std::vector<Entry> entries_;
+  std::vector<int32_t> free_entries_;
   mutable std::vector<uint32_t> seen_;  // per block: the epoch_ of the check that last saw it
   mutable uint32_t epoch_ = 0;
-  // Per prepare(): its epoch (marks entries and blocks), the KV writes of
+  // Per prepare(): its epoch (marks entries), the blocks and KV writes of
   // its accepted items, the ids of items refused or unknown (for "appears
   // twice" once their entry is gone), the new sequences refused and why.
   uint32_t step_epoch_ = 0;
   std::vector<BlockWrites> block_writes_;
+  int block_writes_shift_ = 64;
   std::vector<WriteRange> writes_;
   std::vector<uint64_t> gone_in_step_;
   std::vector<std::pair<uint64_t, std::string>> refused_new_;
