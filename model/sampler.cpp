@@ -126,6 +126,13 @@ struct Crossing {
   int64_t index = -1;
 };
 
+// The weight of the whole row: the sum of bucket_all's bucket masses.
+double bucket_total(const Scratch& sc) {
+  double total = 0;
+  for (int b = 0; b <= sc.last_positive; ++b) total += sc.mass[b];
+  return total;
+}
+
 // First id (in rank order) at which the cumulative weight reaches
 // top_p * total, skipping zero weights; when rounding leaves it unreached,
 // the last id of positive weight.
@@ -133,8 +140,7 @@ Crossing nucleus_cut(const SamplerKernels& k, Scratch& sc, int64_t vocab, const 
                      float top_p) {
   // The best id has weight exactly 1, so the total is >= 1 and the walk
   // always finds an id.
-  double total = 0;
-  for (int b = 0; b <= sc.last_positive; ++b) total += sc.mass[b];
+  const double total = bucket_total(sc);
   const double t = static_cast<double>(top_p) * total;
   double cum = 0;
   Crossing last;
@@ -255,13 +261,15 @@ void fill_logprobs(const SamplerKernels& k, const float* l, int64_t vocab, const
   thread_local std::vector<float> e;
   thread_local std::vector<int32_t> ids;
   const Scratch& sc = scratch();
-  const float* w = sc.w.data();
-  if (sc.exp_of != l || sc.exp_scale != 1.0f) {  // else top-p at T 1 has computed the same values
+  double total;
+  if (sc.exp_of == l && sc.exp_scale == 1.0f) {
+    total = bucket_total(sc);  // top-p at T 1 has weighed every id and summed them by bucket
+  } else {
     e.resize(vocab);
     k.exp_shifted(l, vocab, s.max, 1.0f, e.data());
-    w = e.data();
+    total = k.sum(e.data(), vocab);
   }
-  const double lse = static_cast<double>(s.max) + std::log(k.sum(w, vocab));
+  const double lse = static_cast<double>(s.max) + std::log(total);
   out.logprob = static_cast<float>(l[out.id] - lse);
   top_ids(k, l, vocab, std::min<int64_t>(n_top, vocab), s, ids);
   out.top.clear();

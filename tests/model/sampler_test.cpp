@@ -356,8 +356,10 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
       EXPECT_NEAR(t.top[j].second, ref[t.top[j].first].item<double>(), 1e-4);
     }
   }
-  // Top-p at temperature 1 reuses the weights it computed for the nucleus;
-  // every path gives the same bits, and nothing leaks into the next row.
+  // Top-p at temperature 1 reuses the weights and bucket sums it computed
+  // for the nucleus: its total differs from the other paths' only in double
+  // rounding, far below a float's (the same bits here), and nothing leaks
+  // into the next row.
   const auto nucleus = sample(l.data(), 50257, params(1.0f, 0, 0.9f, 3, 20), 17);
   const auto greedy = sample(l.data(), 50257, params(0.0f, 0, 1.0f, 3, 20), 17);
   const auto hot = sample(l.data(), 50257, params(2.0f, 0, 0.9f, 3, 20), 17);
