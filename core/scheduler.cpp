@@ -302,6 +302,7 @@ StepPlan Scheduler::schedule() {
   }
   StepPlan plan;
   plan.step_id = next_step_id_;
+  plan.work.reserve(running_.size() + 4);  // every running sequence and a few admissions, without regrowth
   planned_.clear();
   int32_t budget = options_.max_num_batched_tokens;
   bool preempted = false;
@@ -340,6 +341,7 @@ StepPlan Scheduler::schedule() {
 
   // Drop work taken back by preemption; record what goes in flight.
   StepRecord record{plan.step_id, {}};
+  record.work.reserve(plan.work.size());
   size_t k = 0;
   for (size_t i = 0; i < plan.work.size(); ++i) {
     Sequence* s = planned_[i];

@@ -319,6 +319,7 @@ class Simulation {
   void step_done(Worker& w) {
     core::StepResult r;
     r.step_id = w.current.step_id;
+    r.outputs.reserve(w.items.size());
     const int32_t vocab = w.spec->scheduler.vocab_size;
     for (const Item& i : w.items) {
       w.tokens_run += i.n;
