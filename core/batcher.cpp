@@ -71,6 +71,8 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
       index->remove(id, tokens, bs);
   });
   workers_.emplace(spec.id, std::move(w));
+  order_.clear();
+  for (auto& [wid, wk] : workers_) order_.push_back(wk.get());
   return std::nullopt;
 }
 
@@ -89,11 +91,13 @@ void Batcher::collect(Worker& w) {
 }
 
 Batcher::Worker* Batcher::pick(const Request& r) {
-  std::vector<Worker*> fit;
-  for (auto& [id, w] : workers_) {
+  std::vector<Worker*>& fit = fit_;
+  fit.clear();
+  for (Worker* w : order_) {
     // Every request placed here passed check() on some worker (submit), and
-    // all workers serve one model: fits() asks the rest.
-    if (w->state == WorkerState::kActive && w->sched->fits(r)) fit.push_back(w.get());
+    // all workers serve one model: fits() asks the rest (from their options,
+    // which are their schedulers').
+    if (w->state == WorkerState::kActive && Scheduler::fits(w->spec.scheduler, r)) fit.push_back(w);
   }
   if (fit.empty()) return nullptr;
   auto less_loaded = [](const Worker* a, const Worker* b) {
@@ -228,6 +232,7 @@ bool Batcher::remove_worker(uint64_t id, int64_t now) {
   if (it == workers_.end()) return false;
   std::unique_ptr<Worker> w = std::move(it->second);
   workers_.erase(it);
+  order_.erase(std::find(order_.begin(), order_.end(), w.get()));
   roots_->remove_worker(id);
   w->sched->set_root_observer(nullptr);  // its cache is no candidate any more
   move_all(*w, now);                     // the others are the only candidates now

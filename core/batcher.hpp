@@ -156,6 +156,8 @@ class Batcher {
 
   BatcherOptions options_;
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration
+  std::vector<Worker*> order_;                           // the same in a vector: placement's scan
+  std::vector<Worker*> fit_;                             // pick()'s buffer
   std::vector<Unplaced> unplaced_;                       // in arrival order
   std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)
   uint64_t rr_next_ = 0;

@@ -91,11 +91,12 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
   return std::nullopt;
 }
 
-bool Scheduler::fits(const Request& r) const {
+bool Scheduler::fits(const SchedulerOptions& o, const Request& r) {
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
   const int64_t max_slots = n + r.max_tokens - 1;
-  return n + r.max_tokens <= options_.max_model_len && blocks_for(max_slots) <= options_.num_blocks &&
-         (options_.enable_chunked_prefill || max_slots <= options_.max_num_batched_tokens);
+  const int64_t blocks = (max_slots + o.block_size - 1) / o.block_size;
+  return n + r.max_tokens <= o.max_model_len && blocks <= o.num_blocks &&
+         (o.enable_chunked_prefill || max_slots <= o.max_num_batched_tokens);
 }
 
 std::optional<std::string> Scheduler::submit(Request request) {

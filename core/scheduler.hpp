@@ -99,7 +99,10 @@ class Scheduler {
   // worker uses: placement asks every worker, and the batcher refuses the id
   // of an unfinished request before it places anything (submit() still
   // checks ids).
-  bool fits(const Request& request) const;
+  bool fits(const Request& request) const { return fits(options_, request); }
+  // The same for a scheduler with these options (the batcher asks it without
+  // touching every worker's scheduler).
+  static bool fits(const SchedulerOptions& options, const Request& request);
   // Queues a request. Returns why it was refused (and changes nothing), or
   // nullopt when it is waiting.
   std::optional<std::string> submit(Request request);
