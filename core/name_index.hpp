@@ -1,9 +1,10 @@
 #pragma once
 // NameIndex: the prefix cache's map from a block's 64-bit name to its block id
-// (BlockAllocator). Open addressing with linear probing in one flat array, so a
-// lookup reads one cache line where std::unordered_map reads a bucket and a
-// node: placement asks every worker's allocator for every request, and those
-// reads miss the cache. Grows at half full (memory follows the cached blocks);
+// (BlockAllocator); also SequenceTable's map from a sequence id to its entry.
+// Open addressing with linear probing in one flat array, so a lookup reads
+// one cache line where std::unordered_map reads a bucket and a node (and
+// divides by a prime): both are looked up for every block or work item, and
+// those reads miss the cache. Grows at half full (memory follows the cached blocks);
 // deletion shifts the following entries back (no tombstones). Any key works,
 // weak test names included: slots are chosen by a multiplicative mix.
 // Torch-free, no threads.
