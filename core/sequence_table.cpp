@@ -153,11 +153,13 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     for (Entry& en : entries_) en.step_mark = 0;
     step_epoch_ = 1;
   }
-  // Room for every block the work can touch (each item spans at most
-  // num_tokens / block_size + 2 blocks), at most half full.
+  // Room for every block the work can touch (an item that runs spans at most
+  // max_positions / block_size + 2 blocks, whatever num_tokens a bad plan
+  // claims), at most half full.
   size_t touch = 1;
   for (const SeqWork& w : plan.work)
-    touch += static_cast<size_t>(std::max(w.num_tokens, 0) / options_.block_size) + 2;
+    touch +=
+        static_cast<size_t>(std::clamp(w.num_tokens, 0, options_.max_positions) / options_.block_size) + 2;
   size_t slots = 16;
   block_writes_shift_ = 60;
   for (; slots < 2 * touch; slots *= 2) --block_writes_shift_;

@@ -1,6 +1,7 @@
 // SequenceTable: a worker's checking of step plans, without a model.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,24 @@ TEST(SequenceTable, ASequenceNamedTwiceInAStepRunsOnce) {
   t.commit(s, {{1, SampledToken{7, 0.0f, {}}}}, {});
   s = grow(t, 1, 4, {});
   EXPECT_TRUE(s.failures.empty()) << s.failures[0].error;
+}
+
+// A plan claiming absurd token counts fails its items, and costs no memory
+// in proportion to the claim.
+TEST(SequenceTable, AbsurdTokenCountsFailTheirItemsOnly) {
+  SequenceTable t(options());
+  run(t, learn(1, {5, 6, 7}, {0, 1}));
+  run(t, learn(2, {5}, {2}));
+  StepPlan p;
+  p.work.push_back({1, 3, INT32_MAX, {}, true});
+  p.work.push_back({2, 1, 1, {3}, true});
+  p.work.push_back({3, 0, -7, {}, true});
+  const PreparedStep s = t.prepare(p);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq_id, 2u);
+  ASSERT_EQ(s.failures.size(), 2u);
+  EXPECT_NE(s.failures[0].error.find("plan runs 2147483647 tokens"), std::string::npos)
+      << s.failures[0].error;
 }
 
 // prepare() into a kept PreparedStep gives what a fresh one gets, whatever
