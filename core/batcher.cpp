@@ -254,12 +254,11 @@ bool Batcher::drain_worker(uint64_t id) {
     std::optional<Request> r = w.sched->extract(rid);
     if (!r) continue;
     Worker* other = pick(*r);
-    if (other == nullptr) {
-      w.sched->submit(std::move(*r));  // nowhere else: it runs here after all
-      continue;
+    Scheduler& to = other == nullptr ? *w.sched : *other->sched;  // nowhere else: it runs here after all
+    if (auto err = to.submit(std::move(*r))) {
+      throw std::logic_error("Batcher: a worker refused a request it was moved to: " + *err);
     }
-    other->sched->submit(std::move(*r));
-    where_[rid] = other->spec.id;
+    if (other != nullptr) where_[rid] = other->spec.id;
   }
   collect(w);
   return true;
