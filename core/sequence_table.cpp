@@ -48,7 +48,6 @@ void SequenceTable::forget(uint64_t seq_id) {
   const int32_t i = index_.find(seq_id);
   if (i < 0) return;
   index_.erase(seq_id);
-  entries_[static_cast<size_t>(i)].live = false;
   free_entries_.push_back(i);
 }
 
@@ -63,7 +62,6 @@ SequenceTable::Entry& SequenceTable::learn(uint64_t seq_id) {
   }
   index_.insert(seq_id, i);
   Entry& en = entries_[static_cast<size_t>(i)];
-  en.live = true;
   en.step_mark = 0;
   return en;
 }
@@ -110,37 +108,33 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
   return step;
 }
 
-SequenceTable::BlockWrites& SequenceTable::block_writes(int32_t block) {
-  const size_t mask = block_writes_.size() - 1;
-  size_t i =
-      static_cast<size_t>((static_cast<uint64_t>(block) * 0x9E3779B97F4A7C15ULL) >> block_writes_shift_);
-  for (; block_writes_[i].block != block && block_writes_[i].block >= 0; i = (i + 1) & mask) {
-  }
-  return block_writes_[i];
-}
-
 template <typename BlockAt>
 bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const BlockAt& block_at) {
   const int64_t bs = options_.block_size;
-  // An item writes one run of slots per block it touches; a clash is another
-  // sequence's run in the same block that overlaps it.
+  // An item writes one run of slots [lo, hi) in each block k it touches; a
+  // clash is another sequence's run in the same block that overlaps it.
+  auto lo = [&](int64_t k) { return static_cast<int32_t>(std::max(start, k * bs) - k * bs); };
+  auto hi = [&](int64_t k) { return static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs); };
   for (int64_t k = start / bs; k * bs < end; ++k) {
-    const BlockWrites& bw = block_writes(block_at(k));
-    if (bw.block < 0) continue;
-    const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
-    const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
-    for (int32_t r = bw.first; r >= 0; r = writes_[static_cast<size_t>(r)].next) {
+    const int32_t at = step_blocks_.find(static_cast<uint64_t>(block_at(k)));
+    if (at < 0) continue;
+    for (int32_t r = block_runs_[static_cast<size_t>(at)].first; r >= 0;
+         r = writes_[static_cast<size_t>(r)].next) {
       const WriteRange& w = writes_[static_cast<size_t>(r)];
-      if (w.seq != seq && w.lo < hi && lo < w.hi) return true;
+      if (w.seq != seq && w.lo < hi(k) && lo(k) < w.hi) return true;
     }
   }
   for (int64_t k = start / bs; k * bs < end; ++k) {
-    BlockWrites& bw = block_writes(block_at(k));
-    if (bw.block < 0) bw = {block_at(k), -1};
-    const auto lo = static_cast<int32_t>(std::max(start, k * bs) - k * bs);
-    const auto hi = static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs);
-    writes_.push_back({seq, lo, hi, bw.first});
-    bw.first = static_cast<int32_t>(writes_.size() - 1);
+    const int32_t block = block_at(k);
+    int32_t at = step_blocks_.find(static_cast<uint64_t>(block));
+    if (at < 0) {
+      at = static_cast<int32_t>(block_runs_.size());
+      step_blocks_.insert(static_cast<uint64_t>(block), at);
+      block_runs_.push_back({block, -1});
+    }
+    int32_t& first = block_runs_[static_cast<size_t>(at)].first;
+    writes_.push_back({seq, lo(k), hi(k), first});
+    first = static_cast<int32_t>(writes_.size() - 1);
   }
   return false;
 }
@@ -153,17 +147,8 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     for (Entry& en : entries_) en.step_mark = 0;
     step_epoch_ = 1;
   }
-  // Room for every block the work can touch (an item that runs spans at most
-  // max_positions / block_size + 2 blocks, whatever num_tokens a bad plan
-  // claims), at most half full.
-  size_t touch = 1;
-  for (const SeqWork& w : plan.work)
-    touch +=
-        static_cast<size_t>(std::clamp(w.num_tokens, 0, options_.max_positions) / options_.block_size) + 2;
-  size_t slots = 16;
-  block_writes_shift_ = 60;
-  for (; slots < 2 * touch; slots *= 2) --block_writes_shift_;
-  block_writes_.assign(slots, BlockWrites{});
+  for (const BlockRuns& b : block_runs_) step_blocks_.erase(static_cast<uint64_t>(b.block));
+  block_runs_.clear();
   writes_.clear();
   gone_in_step_.clear();
   refused_new_.clear();

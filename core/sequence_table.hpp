@@ -68,7 +68,6 @@ class SequenceTable {
 
  private:
   struct Entry {
-    bool live = false;
     std::vector<int32_t> tokens;
     std::vector<int32_t> blocks;
     int32_t num_computed = 0;
@@ -81,14 +80,6 @@ class SequenceTable {
     uint64_t seq;
     int32_t lo, hi, next;
   };
-  // A block the step being prepared writes, and its first range in writes_:
-  // a small open-addressing table sized per step (block -1: empty), so the
-  // check reads a few cache lines, not a mark per block of the pool.
-  struct BlockWrites {
-    int32_t block = -1;
-    int32_t first = -1;
-  };
-  BlockWrites& block_writes(int32_t block);
   // Whether the item of `seq` writing positions [start, end) through
   // `block_at` touches a slot another item of this step writes; records its
   // writes when it does not.
@@ -117,8 +108,16 @@ class SequenceTable {
   // its accepted items, the ids of items refused or unknown (for "appears
   // twice" once their entry is gone), the new sequences refused and why.
   uint32_t step_epoch_ = 0;
-  std::vector<BlockWrites> block_writes_;
-  int block_writes_shift_ = 64;
+  // The blocks the step writes: step_blocks_ maps block -> k, and
+  // block_runs_[k] names the block and its first range in writes_ (a few
+  // cache lines per step, not a mark per block of the pool; the next step
+  // erases exactly these names).
+  struct BlockRuns {
+    int32_t block;
+    int32_t first;
+  };
+  NameIndex step_blocks_;
+  std::vector<BlockRuns> block_runs_;
   std::vector<WriteRange> writes_;
   std::vector<uint64_t> gone_in_step_;
   std::vector<std::pair<uint64_t, std::string>> refused_new_;
