@@ -20,17 +20,18 @@ void PrefixRootIndex::add(uint64_t worker, const int32_t* tokens, int32_t n) {
 }
 
 void PrefixRootIndex::remove(uint64_t worker, const int32_t* tokens, int32_t n) {
-  auto it = by_key_.find(key(tokens, n));
-  auto at = it == by_key_.end() ? std::vector<uint64_t>::iterator{}
-                                : std::find(it->second.begin(), it->second.end(), worker);
-  if (it == by_key_.end() || at == it->second.end()) {
-    throw std::logic_error("PrefixRootIndex: worker " + std::to_string(worker) +
-                           " removes a first block it never added");
+  if (auto it = by_key_.find(key(tokens, n)); it != by_key_.end()) {
+    std::vector<uint64_t>& v = it->second;
+    if (auto at = std::find(v.begin(), v.end(), worker); at != v.end()) {
+      *at = v.back();
+      v.pop_back();
+      if (v.empty()) by_key_.erase(it);
+      --entries_;
+      return;
+    }
   }
-  *at = it->second.back();
-  it->second.pop_back();
-  if (it->second.empty()) by_key_.erase(it);
-  --entries_;
+  throw std::logic_error("PrefixRootIndex: worker " + std::to_string(worker) +
+                         " removes a first block it never added");
 }
 
 void PrefixRootIndex::remove_worker(uint64_t worker) {
