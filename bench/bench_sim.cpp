@@ -4,6 +4,7 @@
 // time grows with the number of workers.
 //
 //   ./build/bench_sim [COST.json] [--hours H] [--scaling-seconds S] [--workers 10,100,1000]
+//                     [--only tables|no-tables]
 //
 // Without a cost file it uses the GPT-2 124M CPU profile shipped in
 // docs/profiles/ (measured on the team's machine; docs/simulation.md).
@@ -21,6 +22,8 @@
 #include "cluster/sim/cost_profile.hpp"
 #include "cluster/sim/simulator.hpp"
 #include "cluster/sim/workload.hpp"
+#include "core/heap_pages.hpp"
+#include "core/host_info.hpp"
 
 namespace sim = troupe::cluster::sim;
 using Clock = std::chrono::steady_clock;
@@ -80,9 +83,10 @@ void print(const char* label, int32_t workers, const Measured& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  troupe::core::reexec_with_heap_huge_pages(argv);  // as `troupe simulate` does (TROUPE_HEAP_THP=0: not)
   double hours = 1, scaling_seconds = 300, speedup = 1;
   std::vector<int32_t> scaling = {10, 100, 1000};
-  std::string cost_path;
+  std::string cost_path, only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--hours") && i + 1 < argc) {
       hours = std::atof(argv[++i]);
@@ -90,6 +94,12 @@ int main(int argc, char** argv) {
       scaling_seconds = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--speedup") && i + 1 < argc) {
       speedup = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];  // one of the two runs (for profiling)
+      if (only != "tables" && only != "no-tables") {
+        std::fprintf(stderr, "--only takes tables or no-tables\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--workers") && i + 1 < argc) {
       scaling.clear();
       std::stringstream ss(argv[++i]);
@@ -111,6 +121,10 @@ int main(int argc, char** argv) {
   const int32_t n_positions = profile.model.n_positions;
   std::printf("cost model: %s (%s, %s), steps %gx as fast\n", cost_path.c_str(), profile.processor.c_str(),
               profile.thread_summary.c_str(), speedup);
+  std::printf("running on: %s, one thread\n", troupe::core::cpu_model_name().c_str());
+  std::printf("heap: %s\n", troupe::core::heap_huge_pages_requested()
+                                ? "transparent huge pages (glibc.malloc.hugetlb=1)"
+                                : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)");
   std::printf("workload: prompts uniform 128-384, outputs uniform 64-192 tokens, Poisson arrivals\n");
 
   // Capacity of one worker: everything at once, 2000 requests.
@@ -123,11 +137,9 @@ int main(int argc, char** argv) {
               "events/s", "steps/s", "tokens", "tokens/s");
   auto both = [&](const char* label, int32_t workers, const std::vector<sim::WorkloadRequest>& reqs) {
     sim::SimOptions o = options(cost, workers, n_positions);
-    const Measured with = run(o, reqs);
+    if (only != "no-tables") print((std::string(label) + " tables").c_str(), workers, run(o, reqs));
     o.worker_tables = false;
-    const Measured without = run(o, reqs);
-    print((std::string(label) + " tables").c_str(), workers, with);
-    print((std::string(label) + " no-tables").c_str(), workers, without);
+    if (only != "tables") print((std::string(label) + " no-tables").c_str(), workers, run(o, reqs));
   };
   const double rate100 = 0.8 * capacity * 100;
   both("headline", 100,

@@ -1,5 +1,6 @@
 // troupe: the command line. Thin: parse flags, call a library, print.
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -10,8 +11,29 @@
 #include "model/cpu_features.hpp"
 #include "model/threading.hpp"
 
+namespace {
+
+// The subcommand named on the command line, before CLI11 parses it: the first
+// argument that is neither an option nor the value of --threads (the one
+// global option that takes a value).
+const char* subcommand_of(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--threads")) {
+      ++i;
+    } else if (argv[i][0] != '-') {
+      return argv[i];
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  troupe::model::init_numerics_process(argc, argv);
+  // The simulator's state is many small allocations visited in turn: its heap
+  // goes on transparent huge pages (core/heap_pages.hpp).
+  const bool simulating = !std::strcmp(subcommand_of(argc, argv), "simulate");
+  troupe::model::init_numerics_process(argc, argv, simulating);
 
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);

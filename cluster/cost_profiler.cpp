@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <fstream>
 #include <stdexcept>
 
 #include "cluster/sim/random.hpp"
+#include "core/host_info.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/step_executor.hpp"
 #include "model/threading.hpp"
@@ -127,21 +127,6 @@ std::string utc_now() {
 
 }  // namespace
 
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) {
-        const size_t b = line.find_first_not_of(" \t", colon + 1);
-        return b == std::string::npos ? "unknown" : line.substr(b);
-      }
-    }
-  }
-  return "unknown";
-}
-
 sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in) {
   ProfileOptions o = in;
   if (o.reps == 0) o.reps = o.quick ? 3 : 5;
@@ -223,7 +208,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
 
   prof.created = utc_now();
   prof.device = gpt.device().str();
-  prof.processor = gpt.device().is_cpu() ? cpu_model_name() : gpt.device().str();
+  prof.processor = gpt.device().is_cpu() ? core::cpu_model_name() : gpt.device().str();
   prof.threads = at::get_num_threads();
   prof.thread_summary = model::thread_summary();
   prof.libraries = {{"torch", TORCH_VERSION},

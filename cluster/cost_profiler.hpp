@@ -40,7 +40,4 @@ struct ProfileOptions {
 // Measures `model` on its device. Throws std::invalid_argument on bad options.
 sim::CostProfile profile_worker(const model::Gpt2& model, const ProfileOptions& options);
 
-// The CPU model from /proc/cpuinfo ("unknown" when absent).
-std::string cpu_model_name();
-
 }  // namespace troupe::cluster

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <stdexcept>
 
@@ -109,22 +108,6 @@ CpuIsa best_isa() {
   if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kPortable;
-}
-
-const std::string& cpu_model_name() {
-  static const std::string name = [] {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("model name", 0) != 0) continue;
-      const size_t colon = line.find(':');
-      if (colon == std::string::npos) break;
-      const size_t start = line.find_first_not_of(" \t", colon + 1);
-      return start == std::string::npos ? std::string("unknown CPU") : line.substr(start);
-    }
-    return std::string("unknown CPU");
-  }();
-  return name;
 }
 
 CpuIsa kernel_isa() {

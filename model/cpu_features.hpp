@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "core/host_info.hpp"
+
 namespace troupe::model {
 
 // Instruction-set levels of the kernel variants, lowest first.
@@ -44,7 +46,7 @@ std::string why_unsupported(CpuIsa isa);
 CpuIsa best_isa();
 
 // "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
-const std::string& cpu_model_name();
+using core::cpu_model_name;
 
 // The variant a process starts with when TROUPE_CPU holds `env_value` (null
 // or empty: unset): best_isa(), or the named variant. Throws

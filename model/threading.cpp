@@ -9,10 +9,13 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include <ATen/Parallel.h>
+
+#include "core/heap_pages.hpp"
 
 #include "model/cpu_count.hpp"
 
@@ -73,16 +76,24 @@ void apply_thread_budget(const ThreadBudget& budget) {
   set_blas_threads(budget.blas_threads);
 }
 
-void init_numerics_process(int argc, char** argv) {
+void init_numerics_process(int argc, char** argv, bool heap_huge_pages) {
   (void)argc;
+  // Both re-executions in one: what libgomp and glibc read once, at start.
+  bool exec = false, set_omp = false, own_spin = false, set_tunables = false;
+  std::optional<std::string> tunables;
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    const bool own_spin = std::getenv("GOMP_SPINCOUNT") == nullptr;
+    own_spin = std::getenv("GOMP_SPINCOUNT") == nullptr;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     if (own_spin) setenv("GOMP_SPINCOUNT", kGompSpinCount, 1);
+    exec = set_omp = true;
+  }
+  if (heap_huge_pages && core::request_heap_huge_pages(tunables)) exec = set_tunables = true;
+  if (exec) {
     execv("/proc/self/exe", argv);
-    // exec failed (no /proc?): libgomp keeps its default; do not claim otherwise.
-    unsetenv("OMP_WAIT_POLICY");
+    // exec failed (no /proc?): libgomp and glibc keep their defaults; do not claim otherwise.
+    if (set_omp) unsetenv("OMP_WAIT_POLICY");
     if (own_spin) unsetenv("GOMP_SPINCOUNT");
+    if (set_tunables) core::restore_tunables(tunables);
   }
   tune_malloc();
 }

@@ -61,8 +61,9 @@ inline constexpr const char* kGompSpinCount = "3000";
 // GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
 // returns only if no re-exec was needed or it failed. A user's own
 // OMP_WAIT_POLICY is kept as it is. Then tunes malloc for forward passes
-// (tune_malloc).
-void init_numerics_process(int argc, char** argv);
+// (tune_malloc). heap_huge_pages: also ask glibc for a heap on transparent
+// huge pages (core/heap_pages.hpp; the simulator), in the same re-exec.
+void init_numerics_process(int argc, char** argv, bool heap_huge_pages = false);
 
 // Keeps glibc from handing each step's activations back to the kernel and
 // faulting them in again, zeroed, on the next step: a forward pass allocates

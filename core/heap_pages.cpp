@@ -1,0 +1,73 @@
+#include "core/heap_pages.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace troupe::core {
+namespace {
+
+constexpr const char* kTunable = "glibc.malloc.hugetlb";
+
+std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::optional<std::string> tunables_with_heap_thp(const char* current) {
+  const std::string cur = current == nullptr ? "" : current;
+  // Tunables are name=value pairs separated by ':'.
+  std::stringstream ss(cur);
+  for (std::string item; std::getline(ss, item, ':');) {
+    if (item.compare(0, item.find('='), kTunable) == 0) return std::nullopt;
+  }
+  const std::string add = std::string(kTunable) + "=1";
+  return cur.empty() ? add : cur + ":" + add;
+}
+
+bool thp_mode_allows_advice(const std::string& enabled) {
+  return enabled.find("[always]") != std::string::npos || enabled.find("[madvise]") != std::string::npos;
+}
+
+bool request_heap_huge_pages(std::optional<std::string>& previous) {
+  const char* off = std::getenv("TROUPE_HEAP_THP");
+  if (off != nullptr && std::string(off) == "0") return false;
+  const char* cur = std::getenv("GLIBC_TUNABLES");
+  const std::optional<std::string> next = tunables_with_heap_thp(cur);
+  if (!next || !thp_mode_allows_advice(thp_mode())) return false;
+  previous = cur == nullptr ? std::nullopt : std::optional<std::string>(cur);
+  return setenv("GLIBC_TUNABLES", next->c_str(), 1) == 0;
+}
+
+void restore_tunables(const std::optional<std::string>& previous) {
+  if (previous) {
+    setenv("GLIBC_TUNABLES", previous->c_str(), 1);
+  } else {
+    unsetenv("GLIBC_TUNABLES");
+  }
+}
+
+void reexec_with_heap_huge_pages(char** argv) {
+  std::optional<std::string> previous;
+  if (!request_heap_huge_pages(previous)) return;
+  execv("/proc/self/exe", argv);
+  restore_tunables(previous);  // exec failed (no /proc?): do not claim otherwise
+}
+
+bool heap_huge_pages_requested() {
+  const char* cur = std::getenv("GLIBC_TUNABLES");
+  if (cur == nullptr) return false;
+  std::stringstream ss(cur);
+  for (std::string item; std::getline(ss, item, ':');) {
+    if (item == std::string(kTunable) + "=1") return thp_mode_allows_advice(thp_mode());
+  }
+  return false;
+}
+
+}  // namespace troupe::core
