@@ -12,24 +12,54 @@ int64_t blocks_needed(int64_t tokens, int64_t block_size) { return (tokens + blo
 
 }  // namespace
 
+struct SequenceTable::Scratch {
+  // Slots [lo, hi) of one block that `seq` writes in the step being
+  // prepared; `next`: the block's next range in writes, -1 at the end.
+  struct WriteRange {
+    uint64_t seq;
+    int32_t lo, hi, next;
+  };
+  struct BlockRuns {
+    int32_t block;
+    int32_t first;
+  };
+  // The blocks the step writes: step_blocks maps block -> k, and
+  // block_runs[k] names the block and its first range in writes (a few cache
+  // lines per step, not a mark per block of the pool; the next prepare()
+  // erases exactly these names, whichever table it is for).
+  NameIndex step_blocks;
+  std::vector<BlockRuns> block_runs;
+  std::vector<WriteRange> writes;
+  std::vector<uint32_t> seen;  // per block: the epoch of the check that last saw it
+  uint32_t epoch = 0;
+};
+
+SequenceTable::Scratch& SequenceTable::scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 std::string SequenceTable::bad_blocks(const std::vector<int32_t>& valid,
                                       const std::vector<int32_t>& added) const {
   if (added.empty()) return {};
   const int32_t num_blocks = options_.num_blocks;
-  if (seen_.empty()) seen_.assign(static_cast<size_t>(num_blocks), 0);
-  if (++epoch_ == 0) {  // wrapped: old marks could read as this check's
-    std::fill(seen_.begin(), seen_.end(), 0);
-    epoch_ = 1;
+  Scratch& sc = scratch();
+  std::vector<uint32_t>& seen = sc.seen;
+  if (seen.size() < static_cast<size_t>(num_blocks)) seen.resize(static_cast<size_t>(num_blocks), 0);
+  if (++sc.epoch == 0) {  // wrapped: old marks could read as this check's
+    std::fill(seen.begin(), seen.end(), 0);
+    sc.epoch = 1;
   }
-  for (int32_t b : valid) seen_[static_cast<size_t>(b)] = epoch_;
+  const uint32_t epoch = sc.epoch;
+  for (int32_t b : valid) seen[static_cast<size_t>(b)] = epoch;
   for (int32_t b : added) {
     if (b < 0 || b >= num_blocks) {
       return "block " + std::to_string(b) + " is outside the pool of " + std::to_string(num_blocks) +
              " blocks";
     }
-    uint32_t& mark = seen_[static_cast<size_t>(b)];
-    if (mark == epoch_) return "block table names block " + std::to_string(b) + " twice";
-    mark = epoch_;
+    uint32_t& mark = seen[static_cast<size_t>(b)];
+    if (mark == epoch) return "block table names block " + std::to_string(b) + " twice";
+    mark = epoch;
   }
   return {};
 }
@@ -102,6 +132,51 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
   return {};
 }
 
+void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step) {
+  for (const SeqWork& w : work) index_.prefetch(w.seq_id);
+  prefetched_.clear();
+  for (const SeqWork& w : work) {
+    const int32_t i = index_.find(w.seq_id);
+    if (i < 0) continue;
+    const char* en = reinterpret_cast<const char*>(&entries_[static_cast<size_t>(i)]);
+    __builtin_prefetch(en);
+    __builtin_prefetch(en + sizeof(Entry) - 1);
+    prefetched_.push_back(i);
+  }
+  size_t k = 0;
+  for (const int32_t i : prefetched_) {
+    const Entry& en = entries_[static_cast<size_t>(i)];
+    if (!en.blocks.empty()) {
+      __builtin_prefetch(en.blocks.data());
+      __builtin_prefetch(&en.blocks.back());
+    }
+    if (static_cast<size_t>(en.num_computed) < en.tokens.size())
+      __builtin_prefetch(&en.tokens[en.num_computed]);
+    if (k < step.chunks.size()) {  // the reused chunk this item's work goes to, for writing
+      SeqChunk& c = step.chunks[k++];
+      __builtin_prefetch(&c, 1);
+      if (c.block_table.capacity() > 0) __builtin_prefetch(c.block_table.data(), 1);
+      if (c.token_ids.capacity() > 0) __builtin_prefetch(c.token_ids.data(), 1);
+    }
+  }
+}
+
+void SequenceTable::prefetch_chunks(const std::vector<SeqChunk>& chunks) {
+  for (const SeqChunk& c : chunks) index_.prefetch(c.seq_id);
+  prefetched_.clear();
+  for (const SeqChunk& c : chunks) {
+    const int32_t i = index_.find(c.seq_id);
+    if (i < 0) continue;
+    const char* en = reinterpret_cast<const char*>(&entries_[static_cast<size_t>(i)]);
+    __builtin_prefetch(en, 1);
+    prefetched_.push_back(i);
+  }
+  for (const int32_t i : prefetched_) {
+    const Entry& en = entries_[static_cast<size_t>(i)];
+    if (!en.tokens.empty()) __builtin_prefetch(en.tokens.data() + en.tokens.size(), 1);
+  }
+}
+
 PreparedStep SequenceTable::prepare(const StepPlan& plan) {
   PreparedStep step;
   prepare(plan, step);
@@ -111,30 +186,31 @@ PreparedStep SequenceTable::prepare(const StepPlan& plan) {
 template <typename BlockAt>
 bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const BlockAt& block_at) {
   const int64_t bs = options_.block_size;
+  Scratch& sc = scratch();
   // An item writes one run of slots [lo, hi) in each block k it touches; a
   // clash is another sequence's run in the same block that overlaps it.
   auto lo = [&](int64_t k) { return static_cast<int32_t>(std::max(start, k * bs) - k * bs); };
   auto hi = [&](int64_t k) { return static_cast<int32_t>(std::min(end, (k + 1) * bs) - k * bs); };
   for (int64_t k = start / bs; k * bs < end; ++k) {
-    const int32_t at = step_blocks_.find(static_cast<uint64_t>(block_at(k)));
+    const int32_t at = sc.step_blocks.find(static_cast<uint64_t>(block_at(k)));
     if (at < 0) continue;
-    for (int32_t r = block_runs_[static_cast<size_t>(at)].first; r >= 0;
-         r = writes_[static_cast<size_t>(r)].next) {
-      const WriteRange& w = writes_[static_cast<size_t>(r)];
+    for (int32_t r = sc.block_runs[static_cast<size_t>(at)].first; r >= 0;
+         r = sc.writes[static_cast<size_t>(r)].next) {
+      const Scratch::WriteRange& w = sc.writes[static_cast<size_t>(r)];
       if (w.seq != seq && w.lo < hi(k) && lo(k) < w.hi) return true;
     }
   }
   for (int64_t k = start / bs; k * bs < end; ++k) {
     const int32_t block = block_at(k);
-    int32_t at = step_blocks_.find(static_cast<uint64_t>(block));
+    int32_t at = sc.step_blocks.find(static_cast<uint64_t>(block));
     if (at < 0) {
-      at = static_cast<int32_t>(block_runs_.size());
-      step_blocks_.insert(static_cast<uint64_t>(block), at);
-      block_runs_.push_back({block, -1});
+      at = static_cast<int32_t>(sc.block_runs.size());
+      sc.step_blocks.insert(static_cast<uint64_t>(block), at);
+      sc.block_runs.push_back({block, -1});
     }
-    int32_t& first = block_runs_[static_cast<size_t>(at)].first;
-    writes_.push_back({seq, lo(k), hi(k), first});
-    first = static_cast<int32_t>(writes_.size() - 1);
+    int32_t& first = sc.block_runs[static_cast<size_t>(at)].first;
+    sc.writes.push_back({seq, lo(k), hi(k), first});
+    first = static_cast<int32_t>(sc.writes.size() - 1);
   }
   return false;
 }
@@ -147,9 +223,10 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     for (Entry& en : entries_) en.step_mark = 0;
     step_epoch_ = 1;
   }
-  for (const BlockRuns& b : block_runs_) step_blocks_.erase(static_cast<uint64_t>(b.block));
-  block_runs_.clear();
-  writes_.clear();
+  Scratch& sc = scratch();
+  for (const Scratch::BlockRuns& b : sc.block_runs) sc.step_blocks.erase(static_cast<uint64_t>(b.block));
+  sc.block_runs.clear();
+  sc.writes.clear();
   gone_in_step_.clear();
   refused_new_.clear();
   for (uint64_t id : plan.drop) forget(id);
@@ -169,6 +246,7 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     en.sampling = ns.sampling;
   }
 
+  prefetch_work(plan.work, step);
   const int64_t bs = options_.block_size;
   for (const SeqWork& w : plan.work) {
     auto refuse = [&](const std::string& why, bool retryable) {
@@ -257,6 +335,7 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
 void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput>& outputs,
                            const std::vector<uint64_t>& failed) {
   const std::unordered_set<uint64_t> bad(failed.begin(), failed.end());
+  prefetch_chunks(step.chunks);
   size_t j = 0;
   for (const SeqChunk& c : step.chunks) {
     Entry* en_ptr = find(c.seq_id);

@@ -68,18 +68,26 @@ class SequenceTable {
 
  private:
   struct Entry {
+    uint32_t step_mark = 0;  // step_epoch_ of the last prepare() whose work named it
+    int32_t num_computed = 0;
     std::vector<int32_t> tokens;
     std::vector<int32_t> blocks;
-    int32_t num_computed = 0;
     SamplingParams sampling;
-    uint32_t step_mark = 0;  // step_epoch_ of the last prepare() whose work named it
   };
-  // Slots [lo, hi) of one block that `seq` writes in the step being prepared;
-  // `next`: the block's next range in writes_, -1 at the end.
-  struct WriteRange {
-    uint64_t seq;
-    int32_t lo, hi, next;
-  };
+  // A worker's next plan names sequences whose state went cold since its last
+  // step (a forward pass ran in between; the simulator ran other workers):
+  // these ask for all of it at once, in rounds (index slots, entries, then
+  // what each entry points to), instead of one miss after another per item.
+  void prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step);
+  void prefetch_chunks(const std::vector<SeqChunk>& chunks);
+  std::vector<int32_t> prefetched_;  // entries found by the last prefetch round
+  // What one prepare() works in: the blocks its accepted items write, with
+  // their runs of slots, and bad_blocks' per-block marks (defined in the
+  // .cpp). One per thread, shared by every table on it: a process with many
+  // tables (the simulator: one per worker) finds it in cache, where a table's
+  // own would have gone cold by its next step.
+  struct Scratch;
+  static Scratch& scratch();
   // Whether the item of `seq` writing positions [start, end) through
   // `block_at` touches a slot another item of this step writes; records its
   // writes when it does not.
@@ -89,7 +97,7 @@ class SequenceTable {
   std::string check_new(const NewSequence& ns) const;
   // Why appending `added` to the block table `valid` (already checked)
   // breaks it: a block outside the pool or named twice; empty when it is
-  // fine. Marks blocks in seen_ (no allocation per check).
+  // fine. Marks blocks in the scratch (no allocation per check).
   std::string bad_blocks(const std::vector<int32_t>& valid, const std::vector<int32_t>& added) const;
 
   SequenceTableOptions options_;
@@ -102,23 +110,10 @@ class SequenceTable {
   NameIndex index_;
   std::vector<Entry> entries_;
   std::vector<int32_t> free_entries_;
-  mutable std::vector<uint32_t> seen_;  // per block: the epoch_ of the check that last saw it
-  mutable uint32_t epoch_ = 0;
-  // Per prepare(): its epoch (marks entries), the blocks and KV writes of
-  // its accepted items, the ids of items refused or unknown (for "appears
-  // twice" once their entry is gone), the new sequences refused and why.
+  // Per prepare(): its epoch (marks entries), the ids of items refused or
+  // unknown (for "appears twice" once their entry is gone), the new
+  // sequences refused and why.
   uint32_t step_epoch_ = 0;
-  // The blocks the step writes: step_blocks_ maps block -> k, and
-  // block_runs_[k] names the block and its first range in writes_ (a few
-  // cache lines per step, not a mark per block of the pool; the next step
-  // erases exactly these names).
-  struct BlockRuns {
-    int32_t block;
-    int32_t first;
-  };
-  NameIndex step_blocks_;
-  std::vector<BlockRuns> block_runs_;
-  std::vector<WriteRange> writes_;
   std::vector<uint64_t> gone_in_step_;
   std::vector<std::pair<uint64_t, std::string>> refused_new_;
 };
