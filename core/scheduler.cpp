@@ -447,9 +447,28 @@ void Scheduler::fail(Sequence& s, const std::string& error, bool retryable) {
   end(s, FinishReason::kError, error);
 }
 
+void Scheduler::prefetch_sequences(const std::vector<WorkRef>& work) const {
+  // A step's result finds its sequences cold (the step ran meanwhile; the
+  // simulator ran other workers): ask for all of their lines at once, then
+  // for the ends of their token vectors, instead of one miss after another.
+  for (const WorkRef& w : work) {
+    const Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
+    if (s == nullptr) continue;
+    const char* request = reinterpret_cast<const char*>(&s->request);
+    for (const char* p = reinterpret_cast<const char*>(s); p < request; p += 64) __builtin_prefetch(p, 1);
+    __builtin_prefetch(&s->request.id);
+    __builtin_prefetch(&s->request.ignore_eos);
+  }
+  for (const WorkRef& w : work) {
+    const Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
+    if (s != nullptr && !s->tokens.empty()) __builtin_prefetch(s->tokens.data() + s->tokens.size(), 1);
+  }
+}
+
 void Scheduler::on_step_done(const StepResult& result) {
   if (in_flight_steps_.empty()) throw std::invalid_argument("Scheduler::on_step_done: no step is in flight");
   const StepRecord& rec = in_flight_steps_.front();
+  prefetch_sequences(rec.work);
   auto who = [&] { return "Scheduler::on_step_done: step " + std::to_string(result.step_id) + ": "; };
   if (result.step_id != rec.step_id) {
     throw std::invalid_argument(who() + "step " + std::to_string(rec.step_id) +

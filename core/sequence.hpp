@@ -38,8 +38,8 @@ class InFlightList {
   void clear() { n_ = 0; }
 
  private:
+  int32_t n_ = 0;  // first: beside the oldest item, in the sequence's first cache line
   InFlight items_[kCapacity];
-  int32_t n_ = 0;
 };
 
 struct Sequence {
