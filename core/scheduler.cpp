@@ -39,7 +39,7 @@ int32_t Scheduler::blocks_for(int64_t tokens) const {
 }
 
 Scheduler::WaitKey Scheduler::wait_key(const Sequence& s) const {
-  return {s.request.priority, s.arrival, s.request.id};
+  return {s.request.priority, s.arrival, s.id};
 }
 
 std::optional<std::string> Scheduler::check(const Request& r) const {
@@ -112,6 +112,9 @@ std::optional<std::string> Scheduler::submit(Request request) {
   s->request.sampling.seed =
       s->request.seed ? *s->request.seed : splitmix64(options_.seed ^ splitmix64(seed_counter_++));
   s->request.seed = s->request.sampling.seed;
+  s->id = s->request.id;
+  s->max_tokens = s->request.max_tokens;
+  s->ignore_eos = s->request.ignore_eos;
   s->arrival = next_arrival_++;
   waiting_.insert(wait_key(*s));
   if (free_slots_.empty()) {
@@ -121,7 +124,7 @@ std::optional<std::string> Scheduler::submit(Request request) {
     s->slot = free_slots_.back();
     free_slots_.pop_back();
   }
-  seqs_.emplace(s->request.id, s.get());
+  seqs_.emplace(s->id, s.get());
   slab_[static_cast<size_t>(s->slot)] = std::move(s);
   return std::nullopt;
 }
@@ -154,7 +157,7 @@ void Scheduler::erase_running(Sequence& s) {
 
 void Scheduler::add_work(Sequence& s, int32_t n, StepPlan& plan) {
   SeqWork w;
-  w.seq_id = s.request.id;
+  w.seq_id = s.id;
   w.start_pos = s.num_scheduled();
   w.num_tokens = n;
   w.new_blocks.assign(s.blocks.begin() + s.blocks_sent, s.blocks.end());
@@ -176,7 +179,7 @@ void Scheduler::free_blocks(Sequence& s) {
 }
 
 void Scheduler::forget_at_worker(Sequence& s) {
-  if (s.known_to_worker) pending_drops_.push_back(s.request.id);
+  if (s.known_to_worker) pending_drops_.push_back(s.id);
   s.known_to_worker = false;
 }
 
@@ -272,7 +275,7 @@ bool Scheduler::try_admit(Sequence& s, int32_t& budget, StepPlan& plan) {
     s.admitted_once = true;
     s.cached_tokens = std::min(cached, s.num_prompt);  // a resumed request's history counts as prompt
     RequestEvent ev;
-    ev.request_id = s.request.id;
+    ev.request_id = s.id;
     ev.kind = EventKind::kScheduled;
     ev.usage.prompt_tokens = s.num_prompt;
     ev.usage.cached_tokens = s.cached_tokens;
@@ -282,7 +285,7 @@ bool Scheduler::try_admit(Sequence& s, int32_t& budget, StepPlan& plan) {
   insert_running(s);
 
   NewSequence ns;
-  ns.seq_id = s.request.id;
+  ns.seq_id = s.id;
   ns.tokens = s.tokens;
   ns.num_cached = cached;
   ns.block_table = s.blocks;
@@ -308,7 +311,7 @@ StepPlan Scheduler::schedule() {
   int32_t budget = options_.max_num_batched_tokens;
   bool preempted = false;
   // A sampling chunk needs room for one more generated token.
-  auto may_sample = [](const Sequence& s) { return s.num_generated() < s.request.max_tokens; };
+  auto may_sample = [](const Sequence& s) { return s.num_generated() < s.max_tokens; };
 
   // 1. Running decodes, most important first: one token each (possibly the
   //    token a step in flight is sampling: the worker feeds its own).
@@ -348,7 +351,7 @@ StepPlan Scheduler::schedule() {
     Sequence* s = planned_[i];
     if (s == nullptr) continue;
     s->plan_index = -1;
-    record.work.push_back({s->request.id, s->slot, plan.work[i].sample});
+    record.work.push_back({s->id, s->slot, plan.work[i].sample});
     if (k != i) plan.work[k] = std::move(plan.work[i]);
     ++k;
   }
@@ -384,7 +387,7 @@ void Scheduler::register_full_blocks(Sequence& s) {
 
 void Scheduler::end(Sequence& s, FinishReason reason, const std::string& error) {
   RequestEvent ev;
-  ev.request_id = s.request.id;
+  ev.request_id = s.id;
   ev.kind = EventKind::kFinished;
   ev.finish_reason = reason;
   ev.error = error;
@@ -397,7 +400,7 @@ void Scheduler::end(Sequence& s, FinishReason reason, const std::string& error) 
   forget_at_worker(s);
   free_blocks(s);
   s.finished = true;
-  finished_.push_back(s.request.id);
+  finished_.push_back(s.id);
 }
 
 void Scheduler::remove_finished() {
@@ -421,15 +424,15 @@ bool Scheduler::append_token(Sequence& s, const SampledToken& tok) {
   s.tokens.push_back(tok.id);
   ++counters_.tokens_generated;
   RequestEvent& ev = events_.emplace_back();  // built in place: one per token
-  ev.request_id = s.request.id;
+  ev.request_id = s.id;
   ev.kind = EventKind::kToken;
   ev.token_id = tok.id;
   ev.logprob = tok.logprob;
   ev.top_logprobs = tok.top;
   const auto received = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
-  if (!s.request.ignore_eos && tok.id == options_.eos_id)
+  if (!s.ignore_eos && tok.id == options_.eos_id)
     end(s, FinishReason::kEos, {});
-  else if (received >= s.request.max_tokens)
+  else if (received >= s.max_tokens)
     end(s, FinishReason::kLength, {});
   else
     return false;
@@ -456,8 +459,6 @@ void Scheduler::prefetch_sequences(const std::vector<WorkRef>& work) const {
     if (s == nullptr) continue;
     const char* request = reinterpret_cast<const char*>(&s->request);
     for (const char* p = reinterpret_cast<const char*>(s); p < request; p += 64) __builtin_prefetch(p, 1);
-    __builtin_prefetch(&s->request.id);
-    __builtin_prefetch(&s->request.ignore_eos);
   }
   for (const WorkRef& w : work) {
     const Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
@@ -515,7 +516,7 @@ void Scheduler::on_step_done(const StepResult& result) {
     const SeqOutput* out = nullptr;
     if (result.error.empty() && w.sample && !failed.count(w.seq_id)) out = &result.outputs[j++];
     Sequence* slot = slab_[static_cast<size_t>(w.slot)].get();
-    if (slot == nullptr || slot->request.id != w.seq_id) continue;  // finished, cancelled or moved meanwhile
+    if (slot == nullptr || slot->id != w.seq_id) continue;  // finished, cancelled or moved meanwhile
     Sequence& s = *slot;
     if (s.finished || s.in_flight.empty() || s.in_flight.front().step_id != done.step_id) {
       continue;  // preempted or failed meanwhile: this work no longer counts
@@ -555,7 +556,7 @@ std::optional<Request> Scheduler::extract(uint64_t id) {
   forget_at_worker(s);
   free_blocks(s);
   s.finished = true;
-  finished_.push_back(s.request.id);
+  finished_.push_back(s.id);
   remove_finished();
   return r;
 }

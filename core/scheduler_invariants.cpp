@@ -25,7 +25,9 @@ void Scheduler::check_invariants() const {
   for (const auto& [id, ptr] : seqs_) {
     const Sequence& s = *ptr;
     const std::string who = "seq " + std::to_string(id) + ": ";
-    if (s.request.id != id) broken(who + "stored under the wrong id");
+    if (s.request.id != id || s.id != id) broken(who + "stored under the wrong id");
+    if (s.max_tokens != s.request.max_tokens || s.ignore_eos != s.request.ignore_eos)
+      broken(who + "its copies of the request's limits differ from the request");
     if (s.slot < 0 || static_cast<size_t>(s.slot) >= slab_.size() ||
         slab_[static_cast<size_t>(s.slot)].get() != ptr)
       broken(who + "not in its slab slot");

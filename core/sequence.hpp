@@ -46,8 +46,11 @@ struct Sequence {
   enum class State { kWaiting, kRunning };
   // First the fields every step reads for every work item, together.
   bool finished = false;  // set just before removal
-  State state = State::kWaiting;
+  bool ignore_eos = false;  // request.ignore_eos, max_tokens and id, copied here at submission:
+  State state = State::kWaiting;  // every step reads them, and `request` lies lines away
   int32_t num_prompt = 0;
+  int32_t max_tokens = 0;
+  uint64_t id = 0;
   // KV: tokens [0, num_computed) are in the cache; the steps in `in_flight`
   // (oldest first, at most max_steps_in_flight, one of them possibly the plan
   // being formed) compute the next ones. A sampling step adds a token the
