@@ -84,6 +84,7 @@ void print(const char* label, int32_t workers, const Measured& m) {
 
 int main(int argc, char** argv) {
   troupe::core::reexec_with_heap_huge_pages(argv);  // as `troupe simulate` does (TROUPE_HEAP_THP=0: not)
+  troupe::core::tune_malloc();                      // as every troupe process does
   double hours = 1, scaling_seconds = 300, speedup = 1;
   std::vector<int32_t> scaling = {10, 100, 1000};
   std::string cost_path, only;
@@ -122,9 +123,11 @@ int main(int argc, char** argv) {
   std::printf("cost model: %s (%s, %s), steps %gx as fast\n", cost_path.c_str(), profile.processor.c_str(),
               profile.thread_summary.c_str(), speedup);
   std::printf("running on: %s, one thread\n", troupe::core::cpu_model_name().c_str());
-  std::printf("heap: %s\n", troupe::core::heap_huge_pages_requested()
-                                ? "transparent huge pages (glibc.malloc.hugetlb=1)"
-                                : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)");
+  std::printf("heap: %s, malloc %s\n",
+              troupe::core::heap_huge_pages_requested()
+                  ? "transparent huge pages (glibc.malloc.hugetlb=1)"
+                  : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)",
+              troupe::core::malloc_tuned() ? "tuned" : "default");
   std::printf("workload: prompts uniform 128-384, outputs uniform 64-192 tokens, Poisson arrivals\n");
 
   // Capacity of one worker: everything at once, 2000 requests.

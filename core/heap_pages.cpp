@@ -1,7 +1,9 @@
 #include "core/heap_pages.hpp"
 
+#include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -18,7 +20,21 @@ std::string thp_mode() {
   return ss.str();
 }
 
+std::atomic<bool> g_malloc_tuned{false};
+
 }  // namespace
+
+bool tune_malloc() {
+  const char* v = std::getenv("TROUPE_MALLOC");
+  if (v != nullptr && std::string(v) == "default") return false;
+  // Both calls fail only for out-of-range values; these are in range.
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  g_malloc_tuned = mmap_ok && trim_ok;
+  return g_malloc_tuned;
+}
+
+bool malloc_tuned() { return g_malloc_tuned; }
 
 std::optional<std::string> tunables_with_heap_thp(const char* current) {
   const std::string cur = current == nullptr ? "" : current;

@@ -1,4 +1,6 @@
 #pragma once
+// The process heap: glibc's thresholds, and transparent huge pages.
+//
 // Transparent huge pages for the heap of a process whose state is many small
 // allocations touched a line or two at a time (the simulator: every worker's
 // sequences, block tables and prefix-cache names, a few hundred MiB visited
@@ -13,6 +15,22 @@
 #include <string>
 
 namespace troupe::core {
+
+// Keeps glibc from handing freed memory back to the kernel and faulting it in
+// again, zeroed, at the next allocation: a forward pass allocates and frees
+// the same few MiB-sized tensors every step, and the simulator's vectors grow
+// and shrink with the requests; by default glibc serves the larger ones with
+// fresh mmaps (and trims the heap top when they are freed), so each round
+// pays page faults and the kernel's page zeroing (2 MiB a fault on a heap of
+// huge pages; docs/threading.md has the measurement). Sets M_MMAP_THRESHOLD to
+// glibc's largest (32 MiB: the model and the KV pool, larger, still get their
+// own mappings) and M_TRIM_THRESHOLD to 1 GiB. The cost: memory freed stays
+// in the process for the next use (a forward pass's peak activations, tens of
+// MiB). TROUPE_MALLOC=default leaves glibc's defaults (for measuring).
+// Returns whether it tuned.
+bool tune_malloc();
+// Whether tune_malloc() tuned this process.
+bool malloc_tuned();
 
 // GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added to `current` (null or
 // empty: unset), or nullopt when `current` already names glibc.malloc.hugetlb.

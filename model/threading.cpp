@@ -1,12 +1,10 @@
 #include "model/threading.hpp"
 
 #include <dlfcn.h>
-#include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -42,8 +40,6 @@ int env_int(const char* name) {
   long n = std::strtol(v, &end, 10);
   return (end && *end == '\0' && n > 0 && n < 4096) ? static_cast<int>(n) : 0;
 }
-
-std::atomic<bool> g_malloc_tuned{false};
 
 }  // namespace
 
@@ -95,17 +91,7 @@ void init_numerics_process(int argc, char** argv, bool heap_huge_pages) {
     if (own_spin) unsetenv("GOMP_SPINCOUNT");
     if (set_tunables) core::restore_tunables(tunables);
   }
-  tune_malloc();
-}
-
-bool tune_malloc() {
-  const char* v = std::getenv("TROUPE_MALLOC");
-  if (v != nullptr && std::string(v) == "default") return false;
-  // Both calls fail only for out-of-range values; these are in range.
-  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
-  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
-  g_malloc_tuned = mmap_ok && trim_ok;
-  return g_malloc_tuned;
+  core::tune_malloc();
 }
 
 void configure_threads(const ThreadOptions& options) {
@@ -126,7 +112,7 @@ const char* thread_summary() {
   s = "cpus=" + std::to_string(c.usable) + " (affinity " + std::to_string(c.affinity) + ", " + quota +
       ") omp=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
       " omp_wait_policy=" + (wp && *wp ? wp : "unset") + " gomp_spincount=" + (sc && *sc ? sc : "unset") +
-      " malloc=" + (g_malloc_tuned ? "tuned" : "default");
+      " malloc=" + (core::malloc_tuned() ? "tuned" : "default");
   return s.c_str();
 }
 

@@ -18,6 +18,8 @@
 
 #include <vector>
 
+#include "core/heap_pages.hpp"
+
 namespace troupe::model {
 
 struct ThreadOptions {
@@ -61,22 +63,12 @@ inline constexpr const char* kGompSpinCount = "3000";
 // GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
 // returns only if no re-exec was needed or it failed. A user's own
 // OMP_WAIT_POLICY is kept as it is. Then tunes malloc for forward passes
-// (tune_malloc). heap_huge_pages: also ask glibc for a heap on transparent
+// (core::tune_malloc). heap_huge_pages: also ask glibc for a heap on transparent
 // huge pages (core/heap_pages.hpp; the simulator), in the same re-exec.
 void init_numerics_process(int argc, char** argv, bool heap_huge_pages = false);
 
-// Keeps glibc from handing each step's activations back to the kernel and
-// faulting them in again, zeroed, on the next step: a forward pass allocates
-// and frees the same few MiB-sized tensors every step; by default glibc serves
-// the larger ones with fresh mmaps (and trims the heap top when they are
-// freed), so every step pays page faults and the kernel's page zeroing
-// (docs/threading.md has the measurement). Sets M_MMAP_THRESHOLD to glibc's
-// largest (32 MiB: the model and the KV pool, larger, still get their own
-// mappings) and M_TRIM_THRESHOLD to 1 GiB. The cost: memory freed by a step
-// stays in the process for the next one (its peak activations, tens of MiB).
-// TROUPE_MALLOC=default leaves glibc's defaults (for measuring). Returns
-// whether it tuned.
-bool tune_malloc();
+// core::tune_malloc (core/heap_pages.hpp), here for the model's callers.
+using core::tune_malloc;
 
 // One worker in the process: applies the options on the calling thread and
 // makes them ATen's process-wide default. Reads TROUPE_THREADS when
