@@ -10,6 +10,8 @@
 // docs/profiles/ (measured on the team's machine; docs/simulation.md).
 // Each run is timed with the workers' SequenceTables (the default) and
 // without (--no-worker-tables), alternating.
+#include <sched.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +32,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The workers' tables go on a second thread when this process may use a
+// second CPU (as `troupe simulate` decides).
+bool tables_on_thread() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 2;
+}
+
 sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t workers, int32_t n_positions) {
   sim::SimOptions o;
   for (int32_t i = 0; i < workers; ++i) {
@@ -43,6 +52,7 @@ sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t work
     o.workers.push_back(w);
   }
   o.sample_interval_ns = 10'000'000'000;
+  o.tables_on_thread = tables_on_thread();
   return o;
 }
 
@@ -122,7 +132,9 @@ int main(int argc, char** argv) {
   const int32_t n_positions = profile.model.n_positions;
   std::printf("cost model: %s (%s, %s), steps %gx as fast\n", cost_path.c_str(), profile.processor.c_str(),
               profile.thread_summary.c_str(), speedup);
-  std::printf("running on: %s, one thread\n", troupe::core::cpu_model_name().c_str());
+  std::printf("running on: %s; the simulation on one thread, the workers' tables %s\n",
+              troupe::core::cpu_model_name().c_str(),
+              tables_on_thread() ? "on a second one" : "in line (one CPU)");
   std::printf("heap: %s, malloc %s\n",
               troupe::core::heap_huge_pages_requested()
                   ? "transparent huge pages (glibc.malloc.hugetlb=1)"

@@ -22,6 +22,7 @@
 #include "cluster/sim/simulator.hpp"
 #include "cluster/sim/sweep.hpp"
 #include "cluster/sim/trace_reader.hpp"
+#include "model/cpu_count.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -217,6 +218,7 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   o.prompts.seed = f.seed;
   o.seed = f.seed;
   o.worker_tables = !f.no_worker_tables;
+  o.tables_on_thread = model::usable_cpus() >= 2;  // a second CPU checks the plans (same result)
   if (f.overlong != "clip" && f.overlong != "fail")
     throw std::invalid_argument("--overlong must be clip or fail, got '" + f.overlong + "'");
   o.overlong = f.overlong == "clip" ? sim::OverlongPolicy::kClip : sim::OverlongPolicy::kFail;

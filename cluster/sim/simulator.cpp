@@ -3,31 +3,17 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 
 #include "cluster/sim/event_queue.hpp"
+#include "cluster/sim/table_checker.hpp"
 #include "core/sequence_table.hpp"
 #include "core/splitmix.hpp"
 
 namespace troupe::cluster::sim {
 namespace {
-
-// The token a simulated worker "samples": any valid id will do (ignore_eos).
-int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab) {
-  return static_cast<int32_t>(
-      core::splitmix64(seq_id * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(position)) %
-      static_cast<uint64_t>(vocab));
-}
-
-core::SequenceTableOptions table_options(const core::SchedulerOptions& o) {
-  core::SequenceTableOptions t;
-  t.num_blocks = o.num_blocks;
-  t.block_size = o.block_size;
-  t.max_positions = o.max_model_len;
-  t.vocab_size = o.vocab_size;
-  return t;
-}
 
 // One work item as it runs on a simulated worker.
 struct Item {
@@ -45,7 +31,8 @@ struct Worker {
   std::deque<core::StepPlan> queue;      // arrived, not started
   std::deque<core::StepResult> to_head;  // on the wire, in order
   bool busy = false;
-  core::StepPlan current;
+  core::StepPlan current;  // moved to the table checker, when there is one, once started
+  uint64_t current_step = 0;
   core::PreparedStep prepared;
   std::vector<Item> items;  // the current step's
   int64_t started = 0;
@@ -65,7 +52,8 @@ bool metered(const Worker& w) { return w.spec->link.bandwidth_bytes_per_s > 0; }
 
 class Simulation {
  public:
-  Simulation(const std::vector<WorkloadRequest>& workload, const SimOptions& o)
+  // tables_on_thread: the workers' tables run on a TableChecker (o.worker_tables).
+  Simulation(const std::vector<WorkloadRequest>& workload, const SimOptions& o, bool tables_on_thread)
       : workload_(workload), o_(o), batcher_(o.batcher) {
     if (o.workers.empty()) throw std::invalid_argument("simulation: no workers");
     if (o.max_concurrency < 0) throw std::invalid_argument("simulation: max_concurrency must be >= 0");
@@ -106,7 +94,16 @@ class Simulation {
       push_work(r.arrival_ns, EventKind::kArrival, i);
     }
     if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
+    if (o.worker_tables && tables_on_thread) {
+      std::vector<core::SchedulerOptions> specs;
+      for (const SimWorkerSpec& x : o.workers) specs.push_back(x.scheduler);
+      checker_ = std::make_unique<TableChecker>(specs);
+    }
   }
+
+  // After run(), with the tables on a thread: whether one refused a work
+  // item (the run then differs from one with the tables in line).
+  bool tables_refused() const { return tables_refused_; }
 
   SimResult run() {
     const int64_t total = static_cast<int64_t>(workload_.size());
@@ -143,6 +140,7 @@ class Simulation {
       if (e.kind != EventKind::kSample) --pending_work_events_;
       if (o_.progress && (result_.events & 0xffff) == 0) o_.progress(finished_, total);
     }
+    if (checker_) tables_refused_ = !checker_->finish();
     if (o_.sample_interval_ns > 0 && (result_.series.empty() || result_.series.back().t_ns < now_)) sample();
     if (o_.progress) o_.progress(finished_, total);
     result_.end_ns = now_;
@@ -301,13 +299,15 @@ class Simulation {
     // What runs: the plan as the worker's SequenceTable resolves it (items it
     // refuses do not run), or, without tables, the plan's work as it stands.
     w.items.clear();
-    if (o_.worker_tables) {
+    w.current_step = w.current.step_id;
+    if (o_.worker_tables && !checker_) {
       w.table.prepare(w.current, w.prepared);
       for (const core::SeqChunk& c : w.prepared.chunks)
         w.items.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample});
     } else {
       for (const core::SeqWork& x : w.current.work)
         w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
+      if (checker_) checker_->submit(w.id - 1, std::move(w.current));
     }
     w.busy = true;
     w.started = now_;
@@ -318,14 +318,14 @@ class Simulation {
 
   void step_done(Worker& w) {
     core::StepResult r;
-    r.step_id = w.current.step_id;
+    r.step_id = w.current_step;
     r.outputs.reserve(w.items.size());
     const int32_t vocab = w.spec->scheduler.vocab_size;
     for (const Item& i : w.items) {
       w.tokens_run += i.n;
       if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}}});
     }
-    if (o_.worker_tables) {
+    if (o_.worker_tables && !checker_) {
       w.refused += static_cast<int64_t>(w.prepared.failures.size());
       r.failures = std::move(w.prepared.failures);
       w.table.commit(w.prepared, r.outputs, {});
@@ -394,13 +394,22 @@ class Simulation {
   int64_t pending_work_events_ = 0;
   int64_t tokens_in_interval_ = 0;
   int32_t finished_in_interval_ = 0;
+  std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
+  bool tables_refused_ = false;
 };
 
 }  // namespace
 
 SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options) {
   if (workload.empty()) throw std::invalid_argument("simulation: the workload is empty");
-  Simulation s(workload, options);
+  if (options.worker_tables && options.tables_on_thread) {
+    Simulation s(workload, options, true);
+    SimResult r = s.run();
+    if (!s.tables_refused()) return r;
+    // A table refused an item: run again with the tables in line, so that
+    // the refusal shapes the run as it would on a real worker.
+  }
+  Simulation s(workload, options, false);
   return s.run();
 }
 

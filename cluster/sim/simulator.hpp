@@ -74,6 +74,12 @@ struct SimOptions {
   // real worker does. false skips that (the plans are run as they stand):
   // the same result, faster, for long runs once the protocol is trusted.
   bool worker_tables = true;
+  // With worker_tables: run the tables on a second thread (TableChecker)
+  // while the simulation goes on with each plan as it stands; the same
+  // result, since a run in which a table refuses an item is run again with
+  // the tables in line. For hosts with a second CPU to give (troupe simulate
+  // and bench_sim set it when they have one).
+  bool tables_on_thread = false;
   // Every step the workers run, written as its result reaches the head, in
   // `troupe serve --step-log`'s format (its `ms` the predicted time; idle_ms 0):
   // served and simulated steps side by side. Unset: none.

@@ -288,6 +288,9 @@ TEST(Simulator, ShortcutsChangeNothing) {
   o.schedule_all_workers = true;
   const SimResult all = simulate(w, o);
   o.schedule_all_workers = false;
+  o.tables_on_thread = true;  // the tables checked on a thread, the plans run as they stand
+  const SimResult threaded = simulate(w, o);
+  o.tables_on_thread = false;
   o.worker_tables = false;  // plans run as they stand: the same tokens at the same times
   const SimResult untabled = simulate(w, o);
   int64_t preemptions = 0;
@@ -299,6 +302,14 @@ TEST(Simulator, ShortcutsChangeNothing) {
     EXPECT_EQ(some.requests[i].start_ns, all.requests[i].start_ns) << i;
     EXPECT_EQ(some.worker[i], all.worker[i]) << i;
     EXPECT_EQ(some.requests[i].token_ns, untabled.requests[i].token_ns) << i;
+    EXPECT_EQ(some.requests[i].token_ns, threaded.requests[i].token_ns) << i;
+    EXPECT_EQ(some.worker[i], threaded.worker[i]) << i;
+  }
+  ASSERT_EQ(some.workers.size(), threaded.workers.size());
+  for (size_t i = 0; i < some.workers.size(); ++i) {
+    EXPECT_EQ(some.workers[i].steps, threaded.workers[i].steps);
+    EXPECT_EQ(some.workers[i].refused_items, 0);
+    EXPECT_EQ(threaded.workers[i].refused_items, 0);
   }
 }
 
