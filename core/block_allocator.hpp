@@ -92,6 +92,13 @@ class BlockAllocator {
   // another block holds this name, or the parent is not cached (a block is
   // only reachable through its own, cached parent).
   bool register_block(int32_t block, int32_t parent_block, uint64_t hash, const int32_t* tokens);
+  // Starts fetching what register_block(block, .., hash, ..) reads first (a
+  // caller about to register blocks of many sequences asks for all of them).
+  void prefetch_register(int32_t block, uint64_t hash) const {
+    if (block >= 0 && static_cast<size_t>(block) < blocks_.size())
+      __builtin_prefetch(&blocks_[static_cast<size_t>(block)]);
+    by_hash_.prefetch(hash);
+  }
   // The longest run of cached blocks for the query's full blocks
   // hashes[0..max_blocks) with tokens tokens[0..max_blocks * block_size): each
   // found by name, its tokens equal to the query's, and its parent the block

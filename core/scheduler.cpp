@@ -466,6 +466,26 @@ void Scheduler::prefetch_sequences(const std::vector<WorkRef>& work) const {
   }
 }
 
+void Scheduler::prefetch_registrations(const std::vector<WorkRef>& work) {
+  // The blocks this result fills go into the prefix cache: their names are
+  // computed now (as register_full_blocks would) and the cache's lines for
+  // them asked for, all before the first registration waits on one.
+  if (!allocator_.prefix_caching()) return;
+  const int32_t bs = options_.block_size;
+  for (const WorkRef& w : work) {
+    Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
+    if (s == nullptr || s->id != w.seq_id || s->in_flight.empty()) continue;
+    const int32_t computed = s->num_computed + s->in_flight.front().num_tokens;
+    const auto full = std::min({computed, static_cast<int32_t>(s->tokens.size()),
+                                static_cast<int32_t>(s->blocks.size()) * bs}) /
+                      bs;
+    if (full <= s->num_registered) continue;
+    ensure_hashes(*s, full);
+    for (int32_t i = s->num_registered; i < full; ++i)
+      allocator_.prefetch_register(s->blocks[static_cast<size_t>(i)], s->hashes[static_cast<size_t>(i)]);
+  }
+}
+
 void Scheduler::on_step_done(const StepResult& result) {
   if (in_flight_steps_.empty()) throw std::invalid_argument("Scheduler::on_step_done: no step is in flight");
   const StepRecord& rec = in_flight_steps_.front();
@@ -508,6 +528,7 @@ void Scheduler::on_step_done(const StepResult& result) {
       throw std::invalid_argument(who() + "more outputs than sampling work items");
   }
 
+  prefetch_registrations(rec.work);
   const StepRecord done = std::move(in_flight_steps_.front());
   in_flight_steps_.pop_front();
   if (!result.error.empty()) ++counters_.failed_steps;

@@ -216,6 +216,7 @@ class Scheduler {
   // too, so its result reaches the sequence without a lookup by id.
   std::vector<std::unique_ptr<Sequence>> slab_;
   void prefetch_sequences(const std::vector<WorkRef>& work) const;
+  void prefetch_registrations(const std::vector<WorkRef>& work);
   std::vector<int32_t> free_slots_;
   std::unordered_map<uint64_t, Sequence*> seqs_;
   std::vector<Sequence*> running_;  // by (priority, arrival): the preemption victim is the last
