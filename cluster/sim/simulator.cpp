@@ -31,7 +31,7 @@ struct Worker {
   std::deque<core::StepPlan> queue;      // arrived, not started
   std::deque<core::StepResult> to_head;  // on the wire, in order
   bool busy = false;
-  core::StepPlan current;  // moved to the table checker, when there is one, once started
+  core::StepPlan current;
   uint64_t current_step = 0;
   core::PreparedStep prepared;
   std::vector<Item> items;  // the current step's
@@ -307,7 +307,7 @@ class Simulation {
     } else {
       for (const core::SeqWork& x : w.current.work)
         w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
-      if (checker_) checker_->submit(w.id - 1, std::move(w.current));
+      if (checker_) checker_->submit(w.id - 1, w.current);
     }
     w.busy = true;
     w.started = now_;

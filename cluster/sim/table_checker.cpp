@@ -48,14 +48,14 @@ TableChecker::~TableChecker() {
   if (thread_.joinable()) thread_.join();
 }
 
-void TableChecker::submit(size_t index, core::StepPlan&& plan) {
+void TableChecker::submit(size_t index, const core::StepPlan& plan) {
   const uint64_t n = submitted_.load(std::memory_order_relaxed);
   if (n - checked_seen_ >= kRing) {  // looks full: read how far the thread got (rarely)
     wait_until([&] { return n - (checked_seen_ = checked_.load(std::memory_order_acquire)) < kRing; });
   }
   Slot& s = ring_[n % kRing];
   s.worker = index;
-  s.plan = std::move(plan);  // frees the plan this slot held, here
+  s.plan = plan;  // element by element into the slot's buffers
   submitted_.store(n + 1, std::memory_order_release);
 }
 
@@ -68,7 +68,9 @@ void TableChecker::loop() {
     const uint64_t upto = submitted_.load(std::memory_order_acquire);
     if (upto == n) {
       if (stopping) return;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      // Long naps: the ring holds ~7 ms of a fast simulation's plans, and
+      // each wake-up costs this CPU a timer interrupt and a system call.
+      std::this_thread::sleep_for(std::chrono::microseconds(1000));
       continue;
     }
     for (; n < upto; ++n) {

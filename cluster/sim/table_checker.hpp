@@ -11,9 +11,10 @@
 // simulation's results comes from this thread: they are the same bits
 // whatever its timing.
 //
-// Plans travel through a bounded single-producer, single-consumer ring; a
-// plan's memory is released on the simulation's thread (when its slot is
-// reused, or in the destructor), never on the checker's.
+// Plans travel, copied, through a bounded single-producer, single-consumer
+// ring whose slots keep their buffers: the simulation's own plans never
+// cross to the other thread (their memory, freed and reused by the
+// simulation, would travel back and forth between the CPUs' caches).
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -43,9 +44,10 @@ class TableChecker {
   TableChecker(const TableChecker&) = delete;
   TableChecker& operator=(const TableChecker&) = delete;
 
-  // Hands worker `index`'s next plan over (it is moved from). Waits while
-  // the ring is full.
-  void submit(size_t index, core::StepPlan&& plan);
+  // Hands a copy of worker `index`'s next plan over. Waits while the ring is
+  // full. The copy goes into buffers the ring keeps (no allocation once they
+  // have grown), so the caller's plans stay in its own thread's memory.
+  void submit(size_t index, const core::StepPlan& plan);
   // Waits until every plan submitted has been checked and stops the thread.
   // True when every table accepted every work item; false when one refused
   // (checking stopped there). Rethrows what the thread threw.
