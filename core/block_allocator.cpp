@@ -45,13 +45,6 @@ BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enab
       hash_fn_(xxh3_block) {
   if (num_blocks < 1) throw std::invalid_argument("BlockAllocator: num_blocks must be >= 1");
   if (block_size < 1) throw std::invalid_argument("BlockAllocator: block_size must be >= 1");
-  // Room for the whole pool's bookkeeping at once (address space only: pages
-  // are touched as blocks are handed out), so growing with use never copies
-  // it, nor has the kernel clear a fresh copy's pages each time it doubles
-  // (11% of a simulation's time). Pools beyond 2^20 blocks grow as they go.
-  const auto room = static_cast<size_t>(std::min(num_blocks, 1 << 20));
-  blocks_.reserve(room);
-  if (prefix_caching_) tokens_.reserve(room * static_cast<size_t>(block_size));
 }
 
 const BlockAllocator::Block& BlockAllocator::at(int32_t block) const {
