@@ -132,17 +132,22 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
   return {};
 }
 
-void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step) {
-  for (const SeqWork& w : work) index_.prefetch(w.seq_id);
+template <typename Items>
+void SequenceTable::prefetch_entries(const Items& items) {
+  for (const auto& x : items) index_.prefetch(x.seq_id);
   prefetched_.clear();
-  for (const SeqWork& w : work) {
-    const int32_t i = index_.find(w.seq_id);
+  for (const auto& x : items) {
+    const int32_t i = index_.find(x.seq_id);
     if (i < 0) continue;
     const char* en = reinterpret_cast<const char*>(&entries_[static_cast<size_t>(i)]);
-    __builtin_prefetch(en);
-    __builtin_prefetch(en + sizeof(Entry) - 1);
+    __builtin_prefetch(en, 1);
+    __builtin_prefetch(en + sizeof(Entry) - 1, 1);
     prefetched_.push_back(i);
   }
+}
+
+void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step) {
+  prefetch_entries(work);
   size_t k = 0;
   for (const int32_t i : prefetched_) {
     const Entry& en = entries_[static_cast<size_t>(i)];
@@ -162,15 +167,7 @@ void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep
 }
 
 void SequenceTable::prefetch_chunks(const std::vector<SeqChunk>& chunks) {
-  for (const SeqChunk& c : chunks) index_.prefetch(c.seq_id);
-  prefetched_.clear();
-  for (const SeqChunk& c : chunks) {
-    const int32_t i = index_.find(c.seq_id);
-    if (i < 0) continue;
-    const char* en = reinterpret_cast<const char*>(&entries_[static_cast<size_t>(i)]);
-    __builtin_prefetch(en, 1);
-    prefetched_.push_back(i);
-  }
+  prefetch_entries(chunks);
   for (const int32_t i : prefetched_) {
     const Entry& en = entries_[static_cast<size_t>(i)];
     if (!en.tokens.empty()) __builtin_prefetch(en.tokens.data() + en.tokens.size(), 1);

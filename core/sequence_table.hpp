@@ -79,6 +79,11 @@ class SequenceTable {
   // these ask for all of it at once, in rounds (index slots, entries, then
   // what each entry points to), instead of one miss after another per item.
   void prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step);
+  // The first two rounds for any items naming sequences (`seq_id`): index
+  // slots, then entries (both ends, for writing); the entries found go to
+  // prefetched_.
+  template <typename Items>
+  void prefetch_entries(const Items& items);
   void prefetch_chunks(const std::vector<SeqChunk>& chunks);
   std::vector<int32_t> prefetched_;  // entries found by the last prefetch round
   // What one prepare() works in: the blocks its accepted items write, with
