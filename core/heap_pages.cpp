@@ -22,6 +22,18 @@ std::string thp_mode() {
 
 std::atomic<bool> g_malloc_tuned{false};
 
+// What GLIBC_TUNABLES text `tunables` (name=value pairs separated by ':'; null:
+// unset) sets glibc.malloc.hugetlb to: its first value ("" when named without
+// one), or nullopt when it does not name it.
+std::optional<std::string> hugetlb_setting(const char* tunables) {
+  std::stringstream ss(tunables == nullptr ? "" : tunables);
+  for (std::string item; std::getline(ss, item, ':');) {
+    const size_t eq = item.find('=');
+    if (item.compare(0, eq, kTunable) == 0) return eq == std::string::npos ? "" : item.substr(eq + 1);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 bool tune_malloc() {
@@ -37,12 +49,8 @@ bool tune_malloc() {
 bool malloc_tuned() { return g_malloc_tuned; }
 
 std::optional<std::string> tunables_with_heap_thp(const char* current) {
+  if (hugetlb_setting(current)) return std::nullopt;
   const std::string cur = current == nullptr ? "" : current;
-  // Tunables are name=value pairs separated by ':'.
-  std::stringstream ss(cur);
-  for (std::string item; std::getline(ss, item, ':');) {
-    if (item.compare(0, item.find('='), kTunable) == 0) return std::nullopt;
-  }
   const std::string add = std::string(kTunable) + "=1";
   return cur.empty() ? add : cur + ":" + add;
 }
@@ -77,13 +85,7 @@ void reexec_with_heap_huge_pages(char** argv) {
 }
 
 bool heap_huge_pages_requested() {
-  const char* cur = std::getenv("GLIBC_TUNABLES");
-  if (cur == nullptr) return false;
-  std::stringstream ss(cur);
-  for (std::string item; std::getline(ss, item, ':');) {
-    if (item == std::string(kTunable) + "=1") return thp_mode_allows_advice(thp_mode());
-  }
-  return false;
+  return hugetlb_setting(std::getenv("GLIBC_TUNABLES")) == "1" && thp_mode_allows_advice(thp_mode());
 }
 
 }  // namespace troupe::core
