@@ -10,8 +10,6 @@
 // docs/profiles/ (measured on the team's machine; docs/simulation.md).
 // Each run is timed with the workers' SequenceTables (the default) and
 // without (--no-worker-tables), alternating.
-#include <sched.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +24,7 @@
 #include "cluster/sim/workload.hpp"
 #include "core/heap_pages.hpp"
 #include "core/host_info.hpp"
+#include "model/cpu_count.hpp"
 
 namespace sim = troupe::cluster::sim;
 using Clock = std::chrono::steady_clock;
@@ -34,10 +33,7 @@ namespace {
 
 // The workers' tables go on a second thread when this process may use a
 // second CPU (as `troupe simulate` decides).
-bool tables_on_thread() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 2;
-}
+bool tables_on_thread() { return troupe::model::usable_cpus() >= 2; }
 
 sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t workers, int32_t n_positions) {
   sim::SimOptions o;
