@@ -371,10 +371,14 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
+int32_t Scheduler::full_blocks(const Sequence& s, int32_t computed) const {
+  return std::min(computed, static_cast<int32_t>(s.tokens.size())) / options_.block_size;
+}
+
 void Scheduler::register_full_blocks(Sequence& s) {
   if (!allocator_.prefix_caching()) return;
   const int32_t bs = options_.block_size;
-  const int32_t full = std::min(s.num_computed, static_cast<int32_t>(s.tokens.size())) / bs;
+  const int32_t full = full_blocks(s, s.num_computed);
   if (full <= s.num_registered) return;
   ensure_hashes(s, full);
   for (int32_t i = s.num_registered; i < full; ++i) {
@@ -471,14 +475,13 @@ void Scheduler::prefetch_registrations(const std::vector<WorkRef>& work) {
   // computed now (as register_full_blocks would) and the cache's lines for
   // them asked for, all before the first registration waits on one.
   if (!allocator_.prefix_caching()) return;
-  const int32_t bs = options_.block_size;
   for (const WorkRef& w : work) {
     Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
     if (s == nullptr || s->id != w.seq_id || s->in_flight.empty()) continue;
-    const int32_t computed = s->num_computed + s->in_flight.front().num_tokens;
-    const auto full = std::min({computed, static_cast<int32_t>(s->tokens.size()),
-                                static_cast<int32_t>(s->blocks.size()) * bs}) /
-                      bs;
+    // As register_full_blocks will count them once the oldest step is in,
+    // never past the blocks held (a sequence moved meanwhile).
+    const int32_t full = std::min(full_blocks(*s, s->num_computed + s->in_flight.front().num_tokens),
+                                  static_cast<int32_t>(s->blocks.size()));
     if (full <= s->num_registered) continue;
     ensure_hashes(*s, full);
     for (int32_t i = s->num_registered; i < full; ++i)

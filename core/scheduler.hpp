@@ -217,6 +217,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> slab_;
   void prefetch_sequences(const std::vector<WorkRef>& work) const;
   void prefetch_registrations(const std::vector<WorkRef>& work);
+  // Blocks of `s` that are full and computed when `computed` tokens are in
+  // the KV cache (what register_full_blocks offers to the prefix cache).
+  int32_t full_blocks(const Sequence& s, int32_t computed) const;
   std::vector<int32_t> free_slots_;
   std::unordered_map<uint64_t, Sequence*> seqs_;
   std::vector<Sequence*> running_;  // by (priority, arrival): the preemption victim is the last
