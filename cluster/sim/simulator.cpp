@@ -42,7 +42,7 @@ struct Worker {
   double kv_use_sum = 0;
 
   explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
-      : id(worker_id), spec(&s), table(table_options(s.scheduler)) {}
+      : id(worker_id), spec(&s), table(table_options(s)) {}
   int64_t busy_until(int64_t now) const { return busy_ns + (busy ? now - started : 0); }
 };
 
@@ -66,6 +66,7 @@ class Simulation {
         throw std::invalid_argument("simulation: worker " + std::to_string(i + 1) + " has no cost model");
       if (s.link.latency_ns < 0 || s.link.bandwidth_bytes_per_s < 0)
         throw std::invalid_argument("simulation: network latency and bandwidth must be >= 0");
+      if (s.table_blocks < 0) throw std::invalid_argument("simulation: table_blocks must be >= 0");
       core::WorkerSpec w;
       w.id = i + 1;
       w.node = s.node;
@@ -95,9 +96,9 @@ class Simulation {
     }
     if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
     if (o.worker_tables && tables_on_thread) {
-      std::vector<core::SchedulerOptions> specs;
-      for (const SimWorkerSpec& x : o.workers) specs.push_back(x.scheduler);
-      checker_ = std::make_unique<TableChecker>(specs);
+      std::vector<core::SequenceTableOptions> tables;
+      for (const SimWorkerSpec& x : o.workers) tables.push_back(table_options(x));
+      checker_ = std::make_unique<TableChecker>(tables);
     }
   }
 

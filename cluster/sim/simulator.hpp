@@ -53,6 +53,10 @@ struct SimWorkerSpec {
   std::shared_ptr<const CostModel> cost;  // required
   core::SchedulerOptions scheduler;       // pool size, budgets, max_model_len, vocabulary
   NetworkLink link;                       // between the head and it
+  // The KV blocks the worker's own table holds, when they differ from the
+  // scheduler's num_blocks (a worker misconfigured against its head: its
+  // table refuses the blocks it does not have); 0 = num_blocks. Tests.
+  int32_t table_blocks = 0;
 };
 
 // A request longer than a worker's max_model_len: shortened (prompt first,

@@ -25,19 +25,20 @@ int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab) {
       static_cast<uint64_t>(vocab));
 }
 
-core::SequenceTableOptions table_options(const core::SchedulerOptions& o) {
+core::SequenceTableOptions table_options(const SimWorkerSpec& w) {
+  const core::SchedulerOptions& o = w.scheduler;
   core::SequenceTableOptions t;
-  t.num_blocks = o.num_blocks;
+  t.num_blocks = w.table_blocks > 0 ? w.table_blocks : o.num_blocks;
   t.block_size = o.block_size;
   t.max_positions = o.max_model_len;
   t.vocab_size = o.vocab_size;
   return t;
 }
 
-TableChecker::TableChecker(const std::vector<core::SchedulerOptions>& workers) : ring_(kRing) {
+TableChecker::TableChecker(const std::vector<core::SequenceTableOptions>& workers) : ring_(kRing) {
   tables_.reserve(workers.size());
-  for (const core::SchedulerOptions& o : workers) {
-    tables_.emplace_back(table_options(o));
+  for (const core::SequenceTableOptions& o : workers) {
+    tables_.emplace_back(o);
     vocab_.push_back(o.vocab_size);
   }
   thread_ = std::thread([this] { loop(); });

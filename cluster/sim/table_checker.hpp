@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/scheduler.hpp"
+#include "cluster/sim/simulator.hpp"
 #include "core/sequence_table.hpp"
 #include "core/step_plan.hpp"
 
@@ -32,14 +32,14 @@ namespace troupe::cluster::sim {
 // at `position`: any valid id will do (the simulator's requests ignore eos).
 int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab);
 
-// A SequenceTable for a worker with these scheduler options.
-core::SequenceTableOptions table_options(const core::SchedulerOptions& o);
+// A simulated worker's SequenceTable: its scheduler's pool, block size,
+// positions and vocabulary (its own pool if table_blocks says so).
+core::SequenceTableOptions table_options(const SimWorkerSpec& w);
 
 class TableChecker {
  public:
-  // One table per worker (index = worker id - 1), as table_options(o) makes
-  // them. Starts the thread.
-  explicit TableChecker(const std::vector<core::SchedulerOptions>& workers);
+  // One table per worker (index = worker id - 1). Starts the thread.
+  explicit TableChecker(const std::vector<core::SequenceTableOptions>& workers);
   ~TableChecker();  // checks what is in the ring, then stops the thread
   TableChecker(const TableChecker&) = delete;
   TableChecker& operator=(const TableChecker&) = delete;

@@ -313,6 +313,46 @@ TEST(Simulator, ShortcutsChangeNothing) {
   }
 }
 
+TEST(Simulator, ARefusalOnTheTableThreadRunsTheTablesInLine) {
+  // A worker whose own pool is smaller than the one its scheduler plans with
+  // (table_blocks): its table refuses every item that names a block it does
+  // not have, and those requests fail. With the tables on a thread the
+  // simulation first runs the plans as they stand; the refusal must send it
+  // back to a run with the tables in line, whose result it returns: the same
+  // failures, the same refusal counts, the same times.
+  SyntheticOptions so;
+  so.num_requests = 60;
+  so.request_rate = 200;
+  so.seed = 9;
+  so.input = parse_length_distribution("uniform:40:0.5");
+  so.output = parse_length_distribution("uniform:20:0.5");
+  const auto w = generate_synthetic(so);
+  SimOptions o;
+  o.workers = {worker(constant_cost(2 * kMs), 24), worker(constant_cost(3 * kMs), 24)};
+  o.workers[1].table_blocks = 6;
+  const SimResult in_line = simulate(w, o);
+  o.tables_on_thread = true;
+  const SimResult threaded = simulate(w, o);
+  EXPECT_EQ(in_line.workers[0].refused_items, 0);
+  EXPECT_GT(in_line.workers[1].refused_items, 0);
+  int failed = 0;
+  for (const auto& r : in_line.requests) failed += r.success ? 0 : 1;
+  EXPECT_GT(failed, 0);
+  ASSERT_EQ(in_line.workers.size(), threaded.workers.size());
+  for (size_t i = 0; i < in_line.workers.size(); ++i) {
+    EXPECT_EQ(in_line.workers[i].refused_items, threaded.workers[i].refused_items) << i;
+    EXPECT_EQ(in_line.workers[i].steps, threaded.workers[i].steps) << i;
+  }
+  ASSERT_EQ(in_line.requests.size(), threaded.requests.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(in_line.requests[i].success, threaded.requests[i].success) << i;
+    EXPECT_EQ(in_line.requests[i].error, threaded.requests[i].error) << i;
+    EXPECT_EQ(in_line.requests[i].token_ns, threaded.requests[i].token_ns) << i;
+  }
+  o.workers[1].table_blocks = -1;
+  EXPECT_THROW(simulate(w, o), std::invalid_argument);
+}
+
 TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
   // One worker taking one request at a time (max_num_seqs 1), each needing a
   // single step of S (one output token): an M/D/1 queue. Its mean wait is

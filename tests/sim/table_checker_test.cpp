@@ -8,11 +8,11 @@
 namespace troupe::cluster::sim {
 namespace {
 
-core::SchedulerOptions options() {
-  core::SchedulerOptions o;
+core::SequenceTableOptions options() {
+  core::SequenceTableOptions o;
   o.num_blocks = 16;
   o.block_size = 4;
-  o.max_model_len = 64;
+  o.max_positions = 64;
   o.vocab_size = 50;
   return o;
 }
@@ -75,7 +75,7 @@ TEST(TableChecker, ReportsPositionsThatDisagree) {
 }
 
 TEST(TableChecker, StopsWhenDroppedUnfinished) {
-  auto c = std::make_unique<TableChecker>(std::vector<core::SchedulerOptions>{options()});
+  auto c = std::make_unique<TableChecker>(std::vector<core::SequenceTableOptions>{options()});
   for (int i = 0; i < 100; ++i) c->submit(0, prefill(1, 7));
   c.reset();  // joins: the test fails by hanging or crashing
 }
