@@ -3,7 +3,7 @@
 // capacity (target: <= 60 s wall on the team's 2-core machine), and how wall
 // time grows with the number of workers.
 //
-//   ./build/bench_sim [COST.json] [--hours H] [--scaling-seconds S] [--workers 10,100,1000]
+//   ./build/bench_sim [COST.json] [--hours H] [--scaling-seconds S (0: none)] [--workers 10,100,1000]
 //                     [--only tables|no-tables]
 //
 // Without a cost file it uses the GPT-2 124M CPU profile shipped in
@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
   both("headline", 100,
        sim::generate_synthetic(workload(static_cast<int32_t>(rate100 * 3600 * hours), rate100)));
   for (int32_t w : scaling) {
+    if (scaling_seconds <= 0) break;  // --scaling-seconds 0: the headline runs only
     const double rate = 0.8 * capacity * w;
     both("scaling", w, sim::generate_synthetic(workload(static_cast<int32_t>(rate * scaling_seconds), rate)));
   }
