@@ -62,6 +62,8 @@ const Setting kSettings[] = {
     {"T 0.7 top-k 50", params(0.7f, 50, 1.0f)},
     {"T 0.8 k 50 p 0.95 lp 5", params(0.8f, 50, 0.95f, 5)},
     {"T 1 top-p 0.9 lp 20", params(1.0f, 0, 0.9f, 20)},
+    {"T 1 top-p 0.5", params(1.0f, 0, 0.5f)},
+    {"T 1 top-p 0.2", params(1.0f, 0, 0.2f)},
 };
 constexpr int kNumSettings = static_cast<int>(sizeof(kSettings) / sizeof(kSettings[0]));
 

@@ -46,6 +46,11 @@ struct SamplerKernels {
   void (*exp_shifted)(const float* x, int64_t n, float shift, float scale, float* out);
   // Sum of x[0, n) in double.
   double (*sum)(const float* x, int64_t n);
+  // In double, the sum of w[0, n) (*total: the same bits as sum(w, n)) and of
+  // the w[i] whose id ranks before id j in x (x[i] > x[j], or equal with
+  // i < j: *before). Requires no NaN in x.
+  void (*sums_ranked_before)(const float* x, const float* w, int64_t n, int64_t j, double* total,
+                             double* before);
   // key[i] = min(floor((max - logits[i]) * scale), buckets - 1) (NaN and
   // inf land in the last bucket).
   void (*bucket_keys)(const float* logits, int64_t n, float max, float scale, int32_t buckets, int32_t* key);

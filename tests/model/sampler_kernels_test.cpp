@@ -104,6 +104,14 @@ TEST_P(SamplerVectorVariant, EveryKernelGivesThePortableBits) {
       ref.exp_shifted(row.data(), n, a.max, scale, eb.data());
       EXPECT_EQ(std::memcmp(ea.data(), eb.data(), n * sizeof(float)), 0) << "scale " << scale;
       EXPECT_EQ(k.sum(ea.data(), n), ref.sum(eb.data(), n));
+      for (const int64_t j : {int64_t{0}, n / 3, static_cast<int64_t>(a.argmax), n - 1}) {
+        double ta, ba, tb, bb;
+        k.sums_ranked_before(row.data(), ea.data(), n, j, &ta, &ba);
+        ref.sums_ranked_before(row.data(), eb.data(), n, j, &tb, &bb);
+        EXPECT_EQ(ta, tb);
+        EXPECT_EQ(ba, bb);
+        EXPECT_EQ(ta, ref.sum(eb.data(), n));  // the total is sum()'s, bit for bit
+      }
     }
     std::vector<int32_t> ka(n), kb(n);
     k.bucket_keys(row.data(), n, a.max, 100.0f, 1024, ka.data());
@@ -113,6 +121,35 @@ TEST_P(SamplerVectorVariant, EveryKernelGivesThePortableBits) {
   for (int32_t id = 0; id < 100000; id += 7) {
     ASSERT_EQ(k.noise_bits(0x1234567890abcdefull, id), ref.noise_bits(0x1234567890abcdefull, id));
     ASSERT_TRUE(same_bits(k.noise(0x1234567890abcdefull, id), ref.noise(0x1234567890abcdefull, id)));
+  }
+}
+
+// sums_ranked_before against its definition: ties rank by id, so an id
+// holding the same logit as j counts only below j.
+TEST_P(SamplerVariant, SumsRankedBeforeMatchTheirDefinition) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  const SamplerKernels& k = sampler_kernels(isa);
+  auto rows = test_rows();
+  std::vector<float> ties(1000);
+  for (size_t i = 0; i < ties.size(); ++i) ties[i] = static_cast<float>(i % 7);  // every value 140+ times
+  rows.push_back(ties);
+  for (const auto& row : rows) {
+    const int64_t n = static_cast<int64_t>(row.size());
+    std::vector<float> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = 1.0f + static_cast<float>(i % 13);  // exact in double sums
+    for (const int64_t j : {int64_t{0}, int64_t{5}, n / 2, n / 2 + 1, n - 1}) {
+      if (j >= n) continue;
+      double want_total = 0, want_before = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        want_total += w[i];
+        if (row[i] > row[j] || (row[i] == row[j] && i < j)) want_before += w[i];
+      }
+      double total = -1, before = -1;
+      k.sums_ranked_before(row.data(), w.data(), n, j, &total, &before);
+      EXPECT_EQ(total, want_total) << "n " << n << " j " << j;
+      EXPECT_EQ(before, want_before) << "n " << n << " j " << j;
+    }
   }
 }
 
