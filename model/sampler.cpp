@@ -165,8 +165,6 @@ Crossing nucleus_cut(const SamplerKernels& k, Scratch& sc, int64_t vocab, const 
   return last;
 }
 
-// Every id of the row, weighted, in kBuckets buckets spread linearly over the
-// logit range that carries weight (below max - 87 T the weights are 0).
 // Every id's weight into sc.w (once per row and temperature).
 void weigh_all(const SamplerKernels& k, const float* l, int64_t vocab, const LogitScan& s, float inv_t,
                Scratch& sc) {
@@ -177,6 +175,8 @@ void weigh_all(const SamplerKernels& k, const float* l, int64_t vocab, const Log
   sc.exp_scale = inv_t;
 }
 
+// Every id of the row, weighted, in kBuckets buckets spread linearly over the
+// logit range that carries weight (below max - 87 T the weights are 0).
 void bucket_all(const SamplerKernels& k, const float* l, int64_t vocab, const LogitScan& s, float inv_t,
                 Scratch& sc) {
   weigh_all(k, l, vocab, s, inv_t, sc);

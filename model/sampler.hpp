@@ -19,6 +19,11 @@
 // whose hashed bits alone show it too small to reach the best score (the
 // noise falls as the bits grow): on a flat row, once the best is ~log(n),
 // only ~1 id in 10^4 passes that check, so a flat row costs little too.
+// Top-p: the nucleus is a rank-order prefix whose ids keep their scores, so
+// the whole row's winner is the nucleus's when the weight ranked before it is
+// under top_p of the total (one pass; probability ~top_p); otherwise the
+// nucleus is found from bucketed masses (no sort of the row) and its winner
+// drawn from it.
 //
 // Robustness: a numerically equivalent path (paged vs contiguous KV, alone vs
 // in a batch whose GEMMs sum in another order) perturbs logits by ~1e-6. That
