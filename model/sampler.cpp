@@ -278,9 +278,24 @@ int32_t draw(const SamplerKernels& k, const float* l, int64_t vocab, const Sampl
   const int32_t head_id = sc.members[in_head.index];
   if (cut.bucket == 0) return head_id;
   // The argmax is in bucket 0, below the cut's: a candidate to start from.
-  const GumbelWinner before =
-      k.gumbel_argmax(l, nullptr, vocab, s.max, inv_t, key, sc.key.data(), cut.bucket, s.argmax);
-  const int32_t before_id = static_cast<int32_t>(before.index);
+  GumbelWinner before;
+  int32_t before_id;
+  if (p.top_p < kWinnerFirstFrom) {
+    // A small nucleus: the ids of the buckets before the cut's gathered
+    // first, so that only they are hashed (the mask below would hash every
+    // id of the row). The same winner: the same candidates and scores.
+    if (static_cast<int64_t>(sc.found.size()) < vocab) sc.found.resize(vocab);
+    const int64_t n = k.collect_below(sc.key.data(), vocab, cut.bucket, sc.found.data());
+    sc.kept_logits.resize(n);
+    for (int64_t j = 0; j < n; ++j) sc.kept_logits[j] = l[sc.found[j]];
+    const int64_t start =
+        std::lower_bound(sc.found.begin(), sc.found.begin() + n, s.argmax) - sc.found.begin();
+    before = k.gumbel_argmax(sc.kept_logits.data(), sc.found.data(), n, s.max, inv_t, key, nullptr, 0, start);
+    before_id = sc.found[before.index];
+  } else {
+    before = k.gumbel_argmax(l, nullptr, vocab, s.max, inv_t, key, sc.key.data(), cut.bucket, s.argmax);
+    before_id = static_cast<int32_t>(before.index);
+  }
   const bool head_wins =
       in_head.score > before.score || (in_head.score == before.score && head_id < before_id);
   return head_wins ? head_id : before_id;

@@ -73,6 +73,8 @@ struct SamplerKernels {
   // The ids i in [0, n) with key[i] == b, ascending, written to out (room
   // for n); returns their count.
   int64_t (*collect)(const int32_t* key, int64_t n, int32_t b, int32_t* out);
+  // The same for the ids with key[i] < b.
+  int64_t (*collect_below)(const int32_t* key, int64_t n, int32_t b, int32_t* out);
   // The first i in [from, n) with x[i] >= bound; n when there is none.
   int64_t (*next_at_least)(const float* x, int64_t from, int64_t n, float bound);
 };

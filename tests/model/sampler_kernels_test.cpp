@@ -196,6 +196,12 @@ TEST_P(SamplerVariant, ScanCollectAndNextAtLeastMatchTheirDefinitions) {
         if (key[i] == b) want.push_back(static_cast<int32_t>(i));
       const int64_t got = k.collect(key.data(), n, b, out.data());
       EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + got), want) << "bucket " << b << " n " << n;
+      std::vector<int32_t> below;
+      for (int64_t i = 0; i < n; ++i)
+        if (key[i] < b) below.push_back(static_cast<int32_t>(i));
+      const int64_t got_below = k.collect_below(key.data(), n, b, out.data());
+      EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + got_below), below)
+          << "below bucket " << b << " n " << n;
     }
   }
   const float bad[] = {1.0f, NAN, 2.0f};

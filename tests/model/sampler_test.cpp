@@ -221,6 +221,29 @@ TEST(Sampler, TopPKeepsExactlyTheNucleus) {
   EXPECT_GT(c.size(), 100u);
 }
 
+// The nucleus may end inside a run of tied logits (one bucket of the walk):
+// the tied ids after the cut, in id order, must never be drawn, whichever
+// way the draw goes (the row's winner tried first from top_p 0.6, or the
+// walk with the ids before the cut's bucket gathered, or masked).
+TEST(Sampler, TopPNeverDrawsPastTheCutInsideATie) {
+  std::vector<float> l(1000, 0.0f);
+  for (int i = 0; i < 10; ++i) l[i] = 3.0f;  // weight e^3 each; the 990 tied ids weigh 1 each
+  const auto ids = rank_order(l);
+  for (float top_p : {0.3f, 0.7f}) {
+    const size_t kept = reference_kept(l, ids, params(1.0f, 0, top_p, 1));
+    ASSERT_GT(kept, 20u);
+    ASSERT_LT(kept, 900u);
+    int top = 0, tied = 0;
+    for (int64_t pos = 0; pos < 3000; ++pos) {
+      const int32_t id = sample(l.data(), 1000, params(1.0f, 0, top_p, 7), pos).id;
+      ASSERT_LT(static_cast<size_t>(id), kept) << "top_p " << top_p << " position " << pos;
+      (id < 10 ? top : tied)++;
+    }
+    EXPECT_GT(top, 0);
+    EXPECT_GT(tied, 0);
+  }
+}
+
 // Pearson chi-square of the frequencies of sampling with `p` at positions
 // [0, draws) against softmax(l / expected_temperature) renormalised over the
 // support that p's top-k and top-p keep; a draw outside it fails the test.
