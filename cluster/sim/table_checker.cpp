@@ -37,10 +37,7 @@ core::SequenceTableOptions table_options(const SimWorkerSpec& w) {
 
 TableChecker::TableChecker(const std::vector<core::SequenceTableOptions>& workers) : ring_(kRing) {
   tables_.reserve(workers.size());
-  for (const core::SequenceTableOptions& o : workers) {
-    tables_.emplace_back(o);
-    vocab_.push_back(o.vocab_size);
-  }
+  for (const core::SequenceTableOptions& o : workers) tables_.emplace_back(o);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -98,7 +95,7 @@ void TableChecker::check(Slot& s) {
   for (const core::SeqChunk& c : prepared_.chunks) {
     if (!c.sample) continue;
     const int32_t end = c.start_pos + static_cast<int32_t>(c.token_ids.size());
-    outputs_.push_back({c.seq_id, {fake_token(c.seq_id, end, vocab_[s.worker]), 0.0f, {}}});
+    outputs_.push_back({c.seq_id, {fake_token(c.seq_id, end, table.options().vocab_size), 0.0f, {}}});
   }
   table.commit(prepared_, outputs_, {});
 }

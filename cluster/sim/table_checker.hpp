@@ -62,7 +62,6 @@ class TableChecker {
   void check(Slot& s);
 
   std::vector<core::SequenceTable> tables_;
-  std::vector<int32_t> vocab_;
   std::vector<Slot> ring_;  // a power of two
   // Plans submitted and checked so far (slot = count % size): written by one
   // side each.
