@@ -288,10 +288,10 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
   return std::nullopt;
 }
 
-std::vector<uint64_t> Batcher::place_unplaced(int64_t now) {
+void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
   // Unplaced requests, in arrival order: past the deadline they fail; the
   // first worker that fits takes them; if every worker refuses one, it fails.
-  std::vector<uint64_t> placed;
+  if (unplaced_.empty()) return;
   std::vector<Unplaced> pending;
   pending.swap(unplaced_);
   for (Unplaced& u : pending) {
@@ -306,7 +306,6 @@ std::vector<uint64_t> Batcher::place_unplaced(int64_t now) {
       unplaced_.push_back(std::move(u));
     }
   }
-  return placed;
 }
 
 void Batcher::plan(uint64_t id, Worker& w, std::vector<Dispatch>& out) {
@@ -319,23 +318,30 @@ void Batcher::plan(uint64_t id, Worker& w, std::vector<Dispatch>& out) {
 }
 
 std::vector<Dispatch> Batcher::schedule(int64_t now) {
-  place_unplaced(now);
+  ids_.clear();
+  place_unplaced(now, ids_);
   std::vector<Dispatch> out;
   for (auto& [id, w] : workers_) plan(id, *w, out);
   return out;
 }
 
 std::vector<Dispatch> Batcher::schedule(int64_t now, uint64_t worker) {
-  std::vector<uint64_t> ids = place_unplaced(now);
-  ids.push_back(worker);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   std::vector<Dispatch> out;
-  for (uint64_t id : ids) {
+  schedule(now, worker, out);
+  return out;
+}
+
+void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out) {
+  out.clear();
+  ids_.clear();
+  place_unplaced(now, ids_);
+  ids_.push_back(worker);
+  std::sort(ids_.begin(), ids_.end());
+  ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
+  for (uint64_t id : ids_) {
     auto it = workers_.find(id);
     if (it != workers_.end()) plan(id, *it->second, out);
   }
-  return out;
 }
 
 std::optional<int64_t> Batcher::next_deadline() const {

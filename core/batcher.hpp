@@ -117,6 +117,9 @@ class Batcher {
   // nothing else changed, in O(1) workers instead of all (the simulator calls
   // it after every event).
   std::vector<Dispatch> schedule(int64_t now, uint64_t worker);
+  // The same into `out` (cleared first), whose buffer is kept for the next
+  // call (the simulator's: no allocation per event).
+  void schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out);
   // The earliest deadline of an unplaced request (for a timer), if any.
   std::optional<int64_t> next_deadline() const;
 
@@ -149,8 +152,9 @@ class Batcher {
   void fail_unplaced(const Request& r, const std::string& error, FinishReason reason = FinishReason::kError);
   bool place(Request r, int64_t now);
   void move_all(Worker& w, int64_t now);
-  // Places (or fails) the requests waiting for a worker; returns the workers that took one.
-  std::vector<uint64_t> place_unplaced(int64_t now);
+  // Places (or fails) the requests waiting for a worker; appends the workers
+  // that took one to `placed`.
+  void place_unplaced(int64_t now, std::vector<uint64_t>& placed);
   void plan(uint64_t id, Worker& w, std::vector<Dispatch>& out);
   void collect(Worker& w);
 
@@ -158,6 +162,7 @@ class Batcher {
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration
   std::vector<Worker*> order_;                           // the same in a vector: placement's scan
   std::vector<Worker*> fit_;                             // pick()'s buffer
+  std::vector<uint64_t> ids_;                            // schedule()'s buffer
   std::vector<Unplaced> unplaced_;                       // in arrival order
   std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)
   uint64_t rr_next_ = 0;

@@ -344,7 +344,8 @@ StepPlan Scheduler::schedule() {
   }
 
   // Drop work taken back by preemption; record what goes in flight.
-  StepRecord record{plan.step_id, {}};
+  StepRecord record{plan.step_id, std::move(spare_record_work_)};
+  record.work.clear();
   record.work.reserve(plan.work.size());
   size_t k = 0;
   for (size_t i = 0; i < plan.work.size(); ++i) {
@@ -360,6 +361,7 @@ StepPlan Scheduler::schedule() {
   if (plan.work.empty()) {
     // Nothing runs (every sequence waits for a result or for blocks): no
     // step. New sequences are only made by admissions, which always add work.
+    spare_record_work_ = std::move(record.work);
     return StepPlan{plan.step_id, {}, {}, {}};
   }
   plan.drop = std::move(pending_drops_);
@@ -532,7 +534,7 @@ void Scheduler::on_step_done(const StepResult& result) {
   }
 
   prefetch_registrations(rec.work);
-  const StepRecord done = std::move(in_flight_steps_.front());
+  StepRecord done = std::move(in_flight_steps_.front());
   in_flight_steps_.pop_front();
   if (!result.error.empty()) ++counters_.failed_steps;
   j = 0;
@@ -558,6 +560,7 @@ void Scheduler::on_step_done(const StepResult& result) {
     register_full_blocks(s);
     if (out != nullptr) append_token(s, out->token);
   }
+  spare_record_work_ = std::move(done.work);  // the next step's record
   remove_finished();
 }
 

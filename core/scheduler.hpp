@@ -229,6 +229,7 @@ class Scheduler {
   std::deque<StepRecord> in_flight_steps_;  // oldest first
   std::vector<Sequence*> planned_;          // parallel to the plan being formed; null = taken back
   std::vector<uint64_t> pending_drops_;     // sequences the worker must forget in the next plan
+  std::vector<WorkRef> spare_record_work_;  // a finished step's record buffer, for the next one
 
   uint64_t next_arrival_ = 0;
   uint64_t seed_counter_ = 0;

@@ -27,19 +27,34 @@ StepShape StepShape::of(const core::StepPlan& plan) {
   return s;
 }
 
+namespace {
+
+// The hat functions of T at knots k that are not zero: weight w0 on knot i,
+// w1 on knot i + 1 (w1 = 0 where T is at or below the first knot, or there
+// is one knot only).
+struct Segment {
+  size_t i = 0;
+  double w0 = 1, w1 = 0;
+};
+
+Segment segment(const std::vector<double>& k, double t) {
+  Segment g;
+  if (k.size() == 1 || t <= k.front()) return g;
+  while (g.i + 2 < k.size() && t > k[g.i + 1]) ++g.i;
+  // On [k_i, k_{i+1}] (or past the last knot, extrapolating the last segment).
+  const double f = (t - k[g.i]) / (k[g.i + 1] - k[g.i]);
+  g.w0 = 1 - f;
+  g.w1 = f;
+  return g;
+}
+
+}  // namespace
+
 std::vector<double> CostModel::basis(const std::vector<double>& k, const StepShape& s) {
   std::vector<double> row(k.size() + 4, 0.0);
-  const double t = static_cast<double>(s.tokens);
-  if (k.size() == 1 || t <= k.front()) {
-    row[0] = 1;
-  } else {
-    size_t i = 0;
-    while (i + 2 < k.size() && t > k[i + 1]) ++i;
-    // On [k_i, k_{i+1}] (or past the last knot, extrapolating the last segment).
-    const double f = (t - k[i]) / (k[i + 1] - k[i]);
-    row[i] = 1 - f;
-    row[i + 1] = f;
-  }
+  const Segment g = segment(k, static_cast<double>(s.tokens));
+  row[g.i] = g.w0;
+  if (g.i + 1 < k.size()) row[g.i + 1] = g.w1;
   const size_t o = k.size();
   row[o] = s.sample_rows;
   row[o + 1] = static_cast<double>(s.decode_pairs);
@@ -64,11 +79,13 @@ void CostModel::check() const {
 
 int64_t CostModel::predict_ns(const StepShape& s) const {
   if (s.tokens == 0) return 0;
-  const auto row = basis(knots, s);
-  double t = 0;
-  for (size_t i = 0; i < knots.size(); ++i) t += row[i] * knot_ns[i];
-  const size_t o = knots.size();
-  t += row[o] * sample_ns + row[o + 1] * decode_pair_ns + row[o + 2] * prefill_pair_ns + row[o + 3] * item_ns;
+  // basis()'s row times the coefficients, without building the row (once per
+  // simulated step): its other knot weights are 0 and add nothing.
+  const Segment g = segment(knots, static_cast<double>(s.tokens));
+  double t = g.w0 * knot_ns[g.i];
+  if (g.i + 1 < knots.size()) t += g.w1 * knot_ns[g.i + 1];
+  t += static_cast<double>(s.sample_rows) * sample_ns + static_cast<double>(s.decode_pairs) * decode_pair_ns +
+       static_cast<double>(s.prefill_pairs) * prefill_pair_ns + static_cast<double>(s.items) * item_ns;
   return std::max<int64_t>(1, std::llround(t));
 }
 

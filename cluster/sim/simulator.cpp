@@ -34,7 +34,8 @@ struct Worker {
   core::StepPlan current;
   uint64_t current_step = 0;
   core::PreparedStep prepared;
-  std::vector<Item> items;  // the current step's
+  std::vector<Item> items;                     // the current step's
+  std::vector<core::SeqOutput> spare_outputs;  // a result's buffer, for the next step's
   int64_t started = 0;
   int64_t busy_ns = 0, busy_at_sample = 0;
   int64_t steps = 0, tokens_run = 0, refused = 0;
@@ -235,14 +236,18 @@ class Simulation {
   void head_changed() {
     release_clients();
     do {
-      std::vector<uint64_t> ids;
+      std::vector<uint64_t>& ids = planning_;  // touched_'s ids; touched_ collects the next ones
       ids.swap(touched_);
+      touched_.clear();
       if (o_.schedule_all_workers || ids.empty()) ids.assign(1, 0);  // 0: requests waiting for a worker only
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
       for (uint64_t id : ids) {
-        auto plans = o_.schedule_all_workers ? batcher_.schedule(now_) : batcher_.schedule(now_, id);
-        for (core::Dispatch& d : plans) {
+        if (o_.schedule_all_workers)
+          plans_ = batcher_.schedule(now_);
+        else
+          batcher_.schedule(now_, id, plans_);
+        for (core::Dispatch& d : plans_) {
           Worker& w = workers_[d.worker - 1];
           if (o_.step_log) o_.step_log->planned(d.worker, d.plan);
           const int64_t arrive = w.down.send(now_, metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
@@ -320,6 +325,8 @@ class Simulation {
   void step_done(Worker& w) {
     core::StepResult r;
     r.step_id = w.current_step;
+    r.outputs.swap(w.spare_outputs);  // an arrived result's buffer
+    r.outputs.clear();
     r.outputs.reserve(w.items.size());
     const int32_t vocab = w.spec->scheduler.vocab_size;
     for (const Item& i : w.items) {
@@ -346,6 +353,7 @@ class Simulation {
     w.to_head.pop_front();
     if (o_.step_log) o_.step_log->done(w.id, r);
     if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
+    w.spare_outputs = std::move(r.outputs);
     touched_.push_back(w.id);
     head_changed();
   }
@@ -391,6 +399,8 @@ class Simulation {
   std::deque<size_t> client_queue_;
   std::vector<core::RequestEvent> events_buf_;  // drain_events()'s, reused
   std::vector<uint64_t> touched_;               // workers whose state changed since they were last planned
+  std::vector<uint64_t> planning_;              // head_changed()'s: the touched workers it plans for
+  std::vector<core::Dispatch> plans_;           // head_changed()'s, reused
   std::optional<int64_t> deadline_;
   int64_t pending_work_events_ = 0;
   int64_t tokens_in_interval_ = 0;

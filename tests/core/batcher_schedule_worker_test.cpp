@@ -55,6 +55,29 @@ TEST(BatcherScheduleWorker, PlansOnlyThatWorkerAndTheSameAsScheduleAll) {
   EXPECT_TRUE(one.schedule(0, 99).empty());  // unknown worker: nothing
 }
 
+TEST(BatcherScheduleWorker, IntoABufferClearsItAndPlansTheSame) {
+  BatcherOptions bo;
+  bo.placement = PlacementPolicy::kRoundRobin;
+  Batcher a(bo), b(bo);
+  for (uint64_t w : {1, 2}) {
+    ASSERT_FALSE(a.add_worker({w, "n", "fake", options()}));
+    ASSERT_FALSE(b.add_worker({w, "n", "fake", options()}));
+  }
+  for (uint64_t id = 1; id <= 2; ++id) {
+    ASSERT_FALSE(a.submit(make_request(id, range_tokens(6, 10 * id), 4), 0));
+    ASSERT_FALSE(b.submit(make_request(id, range_tokens(6, 10 * id), 4), 0));
+  }
+  std::vector<Dispatch> buf = a.schedule(0, 1);  // holds worker 1's plans
+  ASSERT_FALSE(buf.empty());
+  (void)b.schedule(0, 1);
+  a.schedule(0, 2, buf);
+  const auto want = b.schedule(0, 2);
+  ASSERT_EQ(ids(buf), ids(want));  // worker 1's plans are gone
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(test::view(buf[i].plan), test::view(want[i].plan));
+  a.schedule(0, 2, buf);  // two steps in flight: nothing, and nothing left over
+  EXPECT_TRUE(buf.empty());
+}
+
 TEST(BatcherScheduleWorker, AlsoPlansWorkersTakingWaitingRequests) {
   Batcher b;
   ASSERT_FALSE(b.submit(make_request(7, range_tokens(5), 3), 0));  // no worker yet: it waits
