@@ -112,12 +112,23 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       std::string item;
       while (std::getline(ss, item, ',')) scaling.push_back(std::atoi(item.c_str()));
-    } else {
+    } else if (argv[i][0] != '-' && cost_path.empty()) {
       cost_path = argv[i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_sim [COST.json] [--hours H] [--workers 10,100,1000] [--scaling-seconds S]\n"
+                   "                 [--speedup X] [--only tables|no-tables]\n");
+      return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
     }
   }
   if (cost_path.empty()) cost_path = TROUPE_DEFAULT_COST;
-  const sim::CostProfile profile = sim::read_cost_profile(cost_path);
+  sim::CostProfile profile;
+  try {
+    profile = sim::read_cost_profile(cost_path);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sim: %s\n", e.what());
+    return 2;
+  }
   // --speedup X: what if every step took 1/X the time (a faster machine): more
   // capacity, so more requests and tokens per simulated hour.
   sim::CostModel scaled = profile.cost;
