@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "cluster/sim/cost_profile.hpp"
@@ -192,6 +193,35 @@ TEST(CostProfile, RoundTripKeepsPredictions) {
   sa << a.rdbuf();
   sb << b.rdbuf();
   EXPECT_EQ(sa.str(), sb.str());
+}
+
+TEST(CostProfile, ShippedProfilesAreGpt2AndTheirErrorsAreTheirPointsErrors) {
+  // Every example in docs/profiles: GPT-2 124M on a named processor, a
+  // grid's fit, and the held-out error it states is the error of its model
+  // on its held-out points (a hand-edited or stale file fails).
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(TROUPE_PROFILES_DIR)) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().string());
+    ++n;
+    const CostProfile p = read_cost_profile(e.path().string());
+    EXPECT_FALSE(p.processor.empty());
+    EXPECT_EQ(p.model.n_layer, 12);
+    EXPECT_EQ(p.model.n_embd, 768);
+    EXPECT_EQ(p.model.vocab_size, 50257);
+    EXPECT_EQ(p.calibration.steps, 0u);
+    ASSERT_GE(p.heldout_points.size(), 10u);
+    std::vector<CostSample> held;
+    for (const MeasuredStep& m : p.heldout_points) held.push_back(m.sample);
+    const FitError err = fit_error(p.cost, held);
+    EXPECT_NEAR(err.median_pct, p.heldout_error.median_pct, 0.01);
+    EXPECT_NEAR(err.p90_pct, p.heldout_error.p90_pct, 0.01);
+    // One decode token costs more than nothing and less than a 2048-token prefill.
+    const int64_t one = p.cost.predict_ns(shape({{0, 1, true}}));
+    EXPECT_GT(one, 1000000);
+    EXPECT_LT(one, p.cost.predict_ns(shape({{0, 2048, true}})));
+  }
+  EXPECT_GE(n, 2u);
 }
 
 TEST(CostProfile, RefitChoosesTheStatisticAndFitsAgain) {
