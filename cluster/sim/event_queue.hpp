@@ -6,8 +6,10 @@
 // results reaching the head, then timers, then new arrivals, then
 // measurement), and events of one kind at one time in the order they were
 // pushed.
+#include <algorithm>
 #include <cstdint>
 #include <queue>
+#include <stdexcept>
 #include <vector>
 
 namespace troupe::cluster::sim {
@@ -30,14 +32,25 @@ struct Event {
 
 class EventQueue {
  public:
+  // Arrivals known in advance (a workload's), in time order: event i is
+  // (times[i], kArrival, target i), as if pushed before anything else. They
+  // wait in this list, not in the heap, so that a workload of a million
+  // requests does not make every push and pop walk a million-entry heap;
+  // pop() merges them in. Call once, before any push. Throws
+  // std::invalid_argument when the times are not in order.
+  void set_arrivals(std::vector<int64_t> times);
   void push(int64_t time, EventKind kind, uint64_t target) { heap_.push({time, kind, pushed_++, target}); }
   Event pop() {
+    if (arrival_next()) {
+      const uint64_t i = next_arrival_++;
+      return {arrivals_[i], EventKind::kArrival, i, i};
+    }
     Event e = heap_.top();
     heap_.pop();
     return e;
   }
-  bool empty() const { return heap_.empty(); }
-  size_t size() const { return heap_.size(); }
+  bool empty() const { return heap_.empty() && next_arrival_ == arrivals_.size(); }
+  size_t size() const { return heap_.size() + (arrivals_.size() - next_arrival_); }
   uint64_t pushed() const { return pushed_; }
 
  private:
@@ -48,8 +61,25 @@ class EventQueue {
       return a.order > b.order;
     }
   };
+  bool arrival_next() const {
+    if (next_arrival_ == arrivals_.size()) return false;
+    if (heap_.empty()) return true;
+    const Event a{arrivals_[next_arrival_], EventKind::kArrival, next_arrival_, 0};
+    return Later{}(heap_.top(), a);
+  }
   std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  std::vector<int64_t> arrivals_;
+  uint64_t next_arrival_ = 0;
   uint64_t pushed_ = 0;
 };
+
+inline void EventQueue::set_arrivals(std::vector<int64_t> times) {
+  if (pushed_ != 0 || !arrivals_.empty())
+    throw std::invalid_argument("EventQueue::set_arrivals: call it once, before any push");
+  if (!std::is_sorted(times.begin(), times.end()))
+    throw std::invalid_argument("EventQueue::set_arrivals: the arrivals must be in time order");
+  arrivals_ = std::move(times);
+  pushed_ = arrivals_.size();
+}
 
 }  // namespace troupe::cluster::sim

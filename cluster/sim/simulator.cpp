@@ -85,6 +85,7 @@ class Simulation {
     result_.cached_tokens.assign(n, 0);
     result_.worker.assign(n, 0);
     result_.sample_interval_ns = o.sample_interval_ns;
+    std::vector<int64_t> arrivals(n);
     for (size_t i = 0; i < n; ++i) {
       const WorkloadRequest& r = workload[i];
       if (r.input_len < 1 || r.output_len < 1)
@@ -93,8 +94,10 @@ class Simulation {
       if (i > 0 && r.arrival_ns < workload[i - 1].arrival_ns)
         throw std::invalid_argument("simulation: the workload must be in arrival order");
       result_.requests[i].id = i + 1;
-      push_work(r.arrival_ns, EventKind::kArrival, i);
+      arrivals[i] = r.arrival_ns;
     }
+    events_.set_arrivals(std::move(arrivals));  // request i's arrival targets i
+    pending_work_events_ = static_cast<int64_t>(n);
     if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
     if (o.worker_tables && tables_on_thread) {
       std::vector<core::SequenceTableOptions> tables;

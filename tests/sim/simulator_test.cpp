@@ -44,6 +44,46 @@ TEST(EventQueue, TiesBreakByKindThenPushOrder) {
   EXPECT_EQ(q.pushed(), 7u);
 }
 
+// The same events, the arrivals given as a list instead of pushed first:
+// the same order, however they tie with the heap's events.
+TEST(EventQueue, ArrivalListPopsAsIfPushedFirst) {
+  const std::vector<int64_t> arrivals = {1, 5, 5, 7, 9};
+  auto events = [](EventQueue& q) {
+    q.push(5, EventKind::kSample, 10);
+    q.push(5, EventKind::kStepDone, 11);
+    q.push(7, EventKind::kArrival, 12);  // an arrival pushed later: after the listed ones at 7
+    q.push(9, EventKind::kSample, 13);
+    q.push(0, EventKind::kDeadline, 14);
+    q.push(7, EventKind::kResultArrive, 15);
+  };
+  auto drain = [](EventQueue& q) {
+    std::vector<std::pair<uint64_t, uint64_t>> out;  // (target, order)
+    while (!q.empty()) {
+      const Event e = q.pop();
+      out.emplace_back(e.target, e.order);
+    }
+    return out;
+  };
+  EventQueue pushed, listed;
+  for (size_t i = 0; i < arrivals.size(); ++i) pushed.push(arrivals[i], EventKind::kArrival, i);
+  events(pushed);
+  listed.set_arrivals(arrivals);
+  EXPECT_EQ(listed.size(), 5u);
+  events(listed);
+  EXPECT_EQ(listed.size(), 11u);
+  EXPECT_EQ(listed.pushed(), pushed.pushed());
+  const auto want = drain(pushed);
+  EXPECT_EQ(drain(listed), want);
+  const std::vector<uint64_t> targets = {14, 0, 11, 1, 2, 10, 15, 3, 12, 4, 13};
+  for (size_t i = 0; i < targets.size(); ++i) EXPECT_EQ(want[i].first, targets[i]) << i;
+
+  EventQueue unsorted;
+  EXPECT_THROW(unsorted.set_arrivals({3, 2}), std::invalid_argument);
+  EventQueue late;
+  late.push(1, EventKind::kSample, 0);
+  EXPECT_THROW(late.set_arrivals({3}), std::invalid_argument);
+}
+
 TEST(Simulator, OneRequestOnALocalWorker) {
   // Step time S. Two steps in flight: the prefill and the first decode go at
   // once and run back to back, so the k-th token arrives at k*S.
