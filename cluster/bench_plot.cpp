@@ -62,7 +62,7 @@ void plot_run(const std::string& dir_name, const std::vector<core::RequestTiming
     ttft.push_back(l.ttft_s);
     if (r.output_tokens > 1) tpot.push_back(l.tpot_s);
     e2el.push_back(l.e2el_s);
-    for (size_t i = 1; i < r.token_ns.size(); ++i) itl.push_back((r.token_ns[i] - r.token_ns[i - 1]) / 1e9);
+    r.token_ns.for_each_gap([&](int64_t gap) { itl.push_back(gap / 1e9); });
     first = std::min(first, r.start_ns);
     last = std::max(last, r.end_ns);
   }

@@ -203,7 +203,7 @@ void run_http(Run& run) {
       core::RequestTiming& r = run.out[i];
       const LoadRequest& q = run.requests[i];
       r.end_ns = run.now();
-      r.token_ns = std::move(c.pieces);
+      r.token_ns = core::TokenTimes(c.pieces);
       if (c.prompt_tokens) r.prompt_tokens = *c.prompt_tokens;
       r.output_tokens = c.completion_tokens ? *c.completion_tokens : q.max_tokens;
       if (!c.error.empty()) {

@@ -166,7 +166,7 @@ ServingMetrics compute_serving_metrics(const std::vector<RequestTiming>& request
     const RequestLatency lat = request_latency(r);
     const double e2el = lat.e2el_s, ttft = lat.ttft_s, tpot = lat.tpot_s;
     if (r.output_tokens > 1) tpots.push_back(tpot);
-    for (size_t i = 1; i < r.token_ns.size(); ++i) itls.push_back(seconds(r.token_ns[i] - r.token_ns[i - 1]));
+    r.token_ns.for_each_gap([&](int64_t gap) { itls.push_back(seconds(gap)); });
     ttfts.push_back(ttft);
     e2els.push_back(e2el);
     if (!options.slo.empty()) {
@@ -255,8 +255,7 @@ nlohmann::ordered_json to_result_json(const ServingMetrics& m, const std::vector
     errors.push_back(r.error);
     if (options.itls) {
       ordered_json gaps = ordered_json::array();
-      for (size_t i = 1; i < r.token_ns.size(); ++i)
-        gaps.push_back(seconds(r.token_ns[i] - r.token_ns[i - 1]));
+      r.token_ns.for_each_gap([&](int64_t gap) { gaps.push_back(seconds(gap)); });
       itls.push_back(std::move(gaps));
     }
   }

@@ -25,16 +25,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/token_times.hpp"
+
 namespace troupe::core {
 
 // One request as its client saw it. Times are nanoseconds on one clock for all
 // requests of a run (any epoch).
 struct RequestTiming {
-  uint64_t id = 0;                // the caller's id (echoed in the JSON)
-  int64_t start_ns = 0;           // sent by the client (arrival, for a simulation)
-  std::vector<int64_t> token_ns;  // arrival of each streamed piece, in order (one per token
-                                  // when tokens stream one at a time); empty when none came
-  int64_t end_ns = 0;             // response complete (>= the last piece)
+  uint64_t id = 0;       // the caller's id (echoed in the JSON)
+  int64_t start_ns = 0;  // sent by the client (arrival, for a simulation)
+  TokenTimes token_ns;   // arrival of each streamed piece, in order (one per token
+                         // when tokens stream one at a time); empty when none came
+  int64_t end_ns = 0;    // response complete (>= the last piece)
   int32_t prompt_tokens = 0;
   int32_t output_tokens = 0;  // generated tokens (a piece may carry several)
   bool success = true;        // false: error says why; the request counts as failed

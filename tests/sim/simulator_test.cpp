@@ -94,7 +94,7 @@ TEST(Simulator, OneRequestOnALocalWorker) {
   const auto& t = r.requests[0];
   ASSERT_TRUE(t.success) << t.error;
   EXPECT_EQ(t.output_tokens, 5);
-  EXPECT_EQ(t.token_ns, (std::vector<int64_t>{10 * kMs, 20 * kMs, 30 * kMs, 40 * kMs, 50 * kMs}));
+  EXPECT_EQ(t.token_ns.to_vector(), (std::vector<int64_t>{10 * kMs, 20 * kMs, 30 * kMs, 40 * kMs, 50 * kMs}));
   EXPECT_EQ(t.end_ns, 50 * kMs);
   EXPECT_EQ(r.scheduled_ns[0], 0);
   EXPECT_EQ(r.workers[0].steps, 5);
@@ -111,12 +111,13 @@ TEST(Simulator, RemoteWorkerPaysTheRoundTrip) {
   w.link.latency_ns = 2 * kMs;
   o.workers = {w};
   SimResult r = simulate({request(0, 40, 4)}, o);
-  EXPECT_EQ(r.requests[0].token_ns, (std::vector<int64_t>{14 * kMs, 24 * kMs, 34 * kMs, 44 * kMs}));
+  EXPECT_EQ(r.requests[0].token_ns.to_vector(),
+            (std::vector<int64_t>{14 * kMs, 24 * kMs, 34 * kMs, 44 * kMs}));
   // With L = 3S the pipeline holds two steps per round trip 2L + S: one token
   // every (2L + S) / 2 = 3.5 S after the first.
   o.workers[0].link.latency_ns = 30 * kMs;
   r = simulate({request(0, 40, 5)}, o);
-  const auto& t = r.requests[0].token_ns;
+  const std::vector<int64_t> t = r.requests[0].token_ns.to_vector();
   ASSERT_EQ(t.size(), 5u);
   EXPECT_EQ(t[0], 70 * kMs);
   EXPECT_EQ(t[1], 80 * kMs);  // the second plan went out at 0 with the first
@@ -132,10 +133,10 @@ TEST(Simulator, BandwidthDelaysBigPlans) {
   SimWorkerSpec w = worker(constant_cost(10 * kMs));
   w.link.latency_ns = kMs;
   o.workers = {w};
-  const int64_t latency_only = simulate({request(0, 40, 1)}, o).requests[0].token_ns[0];
+  const int64_t latency_only = simulate({request(0, 40, 1)}, o).requests[0].token_ns.front();
   EXPECT_EQ(latency_only, kMs + 10 * kMs + kMs);
   o.workers[0].link.bandwidth_bytes_per_s = 1e6;
-  const int64_t metered = simulate({request(0, 40, 1)}, o).requests[0].token_ns[0];
+  const int64_t metered = simulate({request(0, 40, 1)}, o).requests[0].token_ns.front();
   // The same plan's size, built by hand: 40 ids of at most 5 bytes each.
   core::StepPlan p;
   p.new_seqs.push_back({1, std::vector<int32_t>(40, 50000), 0, {0, 1, 2}, {}});
@@ -414,7 +415,7 @@ TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
   std::vector<double> waits;
   for (const auto& t : r.requests) {
     ASSERT_TRUE(t.success);
-    waits.push_back(static_cast<double>(t.token_ns[0] - t.start_ns) - S);  // TTFT = wait + S
+    waits.push_back(static_cast<double>(t.token_ns.front() - t.start_ns) - S);  // TTFT = wait + S
   }
   const size_t batches = 40, per = waits.size() / batches;
   std::vector<double> means;
