@@ -165,6 +165,7 @@ int run_head(const HeadOptions& o) {
       if (!err.empty()) throw std::runtime_error("local worker " + std::to_string(i + 1) + ": " + err);
     }
   }
+  model::release_weights(dir);
   log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(local.size()) +
                         " local worker(s); clients " + loop.endpoint(frontend) + ", workers " +
                         loop.endpoint(backend) + (http ? ", HTTP http://" + http->endpoint() : ""));

@@ -244,6 +244,7 @@ int run_node(const NodeOptions& o) {
     info.fingerprint = fingerprint;
     reg.workers.push_back(info);
   }
+  model::release_weights(dir);
 
   caf::actor_system_config caf_cfg;
   configure_control_plane(caf_cfg, 1);

@@ -1,5 +1,7 @@
 #include "model/model_dir.hpp"
 
+#include <malloc.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -44,6 +46,11 @@ void write_text(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+void release_weights(ModelDir& dir) {
+  dir.weights = {};
+  malloc_trim(0);
+}
 
 ModelDir load_model_dir(const std::string& dir) {
   std::error_code ec;

@@ -13,7 +13,7 @@ namespace troupe::model {
 struct ModelDir {
   std::string path;
   Gpt2Config config;
-  Gpt2Weights weights;
+  Gpt2Weights weights;  // as loaded; see release_weights
   Tokenizer tokenizer;
 };
 
@@ -21,6 +21,13 @@ struct ModelDir {
 // missing or broken and how to get it (troupe download / troupe init-model).
 // When config.random_weights is set it prints a loud warning to stderr.
 ModelDir load_model_dir(const std::string& dir);
+
+// Once the models built from dir.weights exist: a Gpt2 keeps its own copies
+// (packed for the CPU's kernels, or on its device), so the loaded ones would
+// only stay resident, 0.5 GB for GPT-2 124M. Empties dir.weights and hands
+// the freed heap back to the kernel (malloc_trim: tune_malloc keeps freed
+// memory in the process otherwise).
+void release_weights(ModelDir& dir);
 
 // Writes a complete model folder with random weights (init-model). The
 // tokenizer files are copied from `tokenizer_dir`. Deterministic for a seed.

@@ -117,6 +117,26 @@ TEST_P(Gpt2Test, FullMatchesIndependentReference) {
   EXPECT_LT(max_diff(got, want), 1e-4);
 }
 
+// The CLI, the head and worker nodes drop the loaded weights once their
+// models are built (0.5 GB of GPT-2 124M): a packed model must not share
+// their matrices, and none may need them afterwards.
+TEST_P(Gpt2Test, WorksWithoutTheLoadedWeights) {
+  const auto ids = random_ids(9, 3, cfg.vocab_size);
+  const torch::Tensor before = model.forward_full(ids);
+  if (GetParam() != CpuIsa::kPortable) {
+    // The matrices (not the small vectors the model uses as they are) have no
+    // holder but `weights`: releasing it frees them.
+    EXPECT_EQ(weights.wte.storage().use_count(), 1);
+    for (const LayerWeights& l : weights.layers) {
+      for (const torch::Tensor* t :
+           {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
+        EXPECT_EQ(t->storage().use_count(), 1);
+    }
+  }
+  weights = Gpt2Weights{};
+  EXPECT_TRUE(torch::equal(model.forward_full(ids), before));
+}
+
 TEST_P(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
   // The reference and weights are sensitive enough: GELU(erf) instead of
   // GELU(tanh), or the score scale off by a little, moves logits well past 1e-4.
