@@ -98,14 +98,15 @@ class TokenTimes {
   const_iterator begin() const { return {this, 0}; }
   const_iterator end() const { return {this, size_}; }
   std::vector<int64_t> to_vector() const { return {begin(), end()}; }
-  // f(t[i] - t[i - 1]) for each i >= 1, in order.
+  // f(t[i] - t[i - 1]) for each i >= 1, in order (modulo 2^64 where the
+  // difference overflows int64: defined, unlike the plain subtraction).
   template <typename F>
   void for_each_gap(F f) const {
     const_iterator it = begin(), stop = end();
     if (it == stop) return;
     int64_t prev = *it;
     for (++it; it != stop; ++it) {
-      f(*it - prev);
+      f(static_cast<int64_t>(static_cast<uint64_t>(*it) - static_cast<uint64_t>(prev)));
       prev = *it;
     }
   }
