@@ -86,7 +86,7 @@ int run_batch(const BatchFlags& f) {
   auto dir = model::load_model_dir(f.model);
   const auto& cfg = dir.config;
   const core::SchedulerOptions so = scheduler_options(f.sched, cfg);
-  model::Gpt2 gpt(cfg, dir.weights, device);
+  model::Gpt2 gpt(cfg, std::move(dir.weights), device);
   model::release_weights(dir);
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);

@@ -82,7 +82,7 @@ int run_profile(ProfileFlags& f) {
   if (!f.model.empty()) {
     dir = model::load_model_dir(f.model);
     cfg = dir->config;
-    gpt = std::make_unique<model::Gpt2>(cfg, dir->weights, device);
+    gpt = std::make_unique<model::Gpt2>(cfg, std::move(dir->weights), device);
     model::release_weights(*dir);
   } else {
     cfg = model::Gpt2Config::preset(f.preset);  // speed does not depend on the weights' values

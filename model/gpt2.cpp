@@ -1,5 +1,7 @@
 #include "model/gpt2.hpp"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -38,7 +40,7 @@ torch::Tensor cpu_index(const torch::Tensor& t, int64_t n, const char* name) {
 
 }  // namespace
 
-Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device device)
+Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device)
     : config_(config), device_(device) {
   config_.validate();
   const int64_t E = config_.n_embd, V = config_.vocab_size, P = config_.n_positions;
@@ -49,10 +51,6 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device d
   if (weights.layers.size() != static_cast<size_t>(config_.n_layer))
     bad("Gpt2", "weights hold " + std::to_string(weights.layers.size()) + " layers, the config says " +
                     std::to_string(config_.n_layer));
-  head_ = Linear(to_device(weights.wte, device), WeightLayout::kOutIn);
-  wpe_ = to_device(weights.wpe, device);
-  ln_f_w_ = to_device(weights.ln_f_weight, device);
-  ln_f_b_ = to_device(weights.ln_f_bias, device);
   for (size_t i = 0; i < weights.layers.size(); ++i) {
     const LayerWeights& w = weights.layers[i];
     const std::string p = "h." + std::to_string(i) + ".";
@@ -68,6 +66,16 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device d
     expect_shape(w.mlp_c_fc_bias, {4 * E}, p + "mlp.c_fc.bias");
     expect_shape(w.mlp_c_proj_weight, {4 * E, E}, p + "mlp.c_proj.weight");
     expect_shape(w.mlp_c_proj_bias, {E}, p + "mlp.c_proj.bias");
+  }
+  // Each source is let go once copied: weights moved in are freed as the
+  // copies are made, so the two sets never coexist whole.
+  head_ = Linear(to_device(weights.wte, device), WeightLayout::kOutIn);
+  weights.wte = torch::Tensor();
+  malloc_trim(0);
+  wpe_ = to_device(weights.wpe, device);
+  ln_f_w_ = to_device(weights.ln_f_weight, device);
+  ln_f_b_ = to_device(weights.ln_f_bias, device);
+  for (LayerWeights& w : weights.layers) {
     layers_.push_back(Layer{to_device(w.ln_1_weight, device), to_device(w.ln_1_bias, device),
                             to_device(w.attn_c_attn_bias, device), to_device(w.attn_c_proj_bias, device),
                             to_device(w.ln_2_weight, device), to_device(w.ln_2_bias, device),
@@ -76,6 +84,8 @@ Gpt2::Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device d
                             Linear(to_device(w.attn_c_proj_weight, device), WeightLayout::kInOut),
                             Linear(to_device(w.mlp_c_fc_weight, device), WeightLayout::kInOut),
                             Linear(to_device(w.mlp_c_proj_weight, device), WeightLayout::kInOut)});
+    w = {};
+    malloc_trim(0);  // hand the freed source back (tune_malloc keeps freed memory): the copies are new memory
   }
 }
 

@@ -61,7 +61,9 @@ enum class LogitRows {
 class Gpt2 {
  public:
   // Copies the weights to `device` in the layout the forward pass wants.
-  Gpt2(const Gpt2Config& config, const Gpt2Weights& weights, torch::Device device);
+  // Pass them with std::move when nothing else needs them: each is then
+  // freed as soon as its copy exists (loaded and packed never coexist whole).
+  Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device);
 
   const Gpt2Config& config() const { return config_; }
   torch::Device device() const { return device_; }

@@ -191,7 +191,16 @@ torch::Tensor SafetensorsFile::to_float(const std::string& name) const {
                              "; troupe reads F32, F16 or BF16");
   }
   torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(raw).device(torch::kCPU));
-  if (e.end > e.begin) std::memcpy(t.data_ptr(), map_->data + e.begin, e.end - e.begin);
+  if (e.end > e.begin) {
+    std::memcpy(t.data_ptr(), map_->data + e.begin, e.end - e.begin);
+    // The copy is what the caller keeps: the mapped pages it came from leave
+    // this process's memory (the page cache keeps them; a second read faults
+    // them back in), so a model's file and its copy never count twice.
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(map_->data + e.begin) + page - 1) / page * page;
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(map_->data + e.end) / page * page;
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
   return raw == torch::kFloat32 ? t : t.to(torch::kFloat32);
 }
 

@@ -137,6 +137,16 @@ TEST_P(Gpt2Test, WorksWithoutTheLoadedWeights) {
   EXPECT_TRUE(torch::equal(model.forward_full(ids), before));
 }
 
+// Weights moved in are let go as they are copied (CLI, profile): the same model.
+TEST_P(Gpt2Test, MovedWeightsBuildTheSameModel) {
+  const auto ids = random_ids(11, 4, cfg.vocab_size);
+  Gpt2 moved(cfg, test_weights(cfg, 7), torch::kCPU);
+  EXPECT_TRUE(torch::equal(moved.forward_full(ids), model.forward_full(ids)));
+  Gpt2Weights w = test_weights(cfg, 7);
+  Gpt2 from_w(cfg, std::move(w), torch::kCPU);
+  EXPECT_TRUE(torch::equal(from_w.forward_full(ids), model.forward_full(ids)));
+}
+
 TEST_P(Gpt2Test, ReferenceSeesErfGeluAndWrongScale) {
   // The reference and weights are sensitive enough: GELU(erf) instead of
   // GELU(tanh), or the score scale off by a little, moves logits well past 1e-4.

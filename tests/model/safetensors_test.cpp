@@ -96,6 +96,21 @@ TEST(Safetensors, RoundTripF32WithMetadata) {
   EXPECT_TRUE(torch::equal(kept, a + 1));
 }
 
+// to_float drops the mapped pages it copied from; reading a tensor again, or
+// its neighbours sharing a page, faults them back in unchanged.
+TEST(Safetensors, ReadingAgainAfterItsPagesWereDroppedGivesTheSame) {
+  test::TempDir dir;
+  const torch::Tensor big = torch::randn({3, 5001});  // spans several pages, starts and ends mid-page
+  const torch::Tensor small = torch::tensor({7.0f, 8.0f, 9.0f});
+  write_safetensors(dir.file("m.safetensors"), {{"small", small}, {"big", big}, {"tail", small * 2}});
+  SafetensorsFile f(dir.file("m.safetensors"));
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_TRUE(torch::equal(f.to_float("big"), big)) << round;
+    EXPECT_TRUE(torch::equal(f.to_float("small"), small)) << round;
+    EXPECT_TRUE(torch::equal(f.to_float("tail"), small * 2)) << round;
+  }
+}
+
 TEST(Safetensors, WriterRejectsBadNames) {
   test::TempDir dir;
   const torch::Tensor t = torch::zeros({2});
