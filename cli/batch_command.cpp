@@ -87,7 +87,6 @@ int run_batch(const BatchFlags& f) {
   const auto& cfg = dir.config;
   const core::SchedulerOptions so = scheduler_options(f.sched, cfg);
   model::Gpt2 gpt(cfg, std::move(dir.weights), device);
-  model::release_weights(dir);
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
   actors::RouterOptions router_options;  // the servers' job checks, without a queue bound

@@ -174,7 +174,6 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
                                 std::to_string(opt.max_tokens) + ") exceeds the model's " +
                                 std::to_string(dir.config.n_positions) + " positions");
   model::Gpt2 gpt(dir.config, std::move(dir.weights), device);
-  model::release_weights(dir);
 
   auto stream = [&](const std::string& delta) {
     if (f.json) return;

@@ -83,7 +83,6 @@ int run_profile(ProfileFlags& f) {
     dir = model::load_model_dir(f.model);
     cfg = dir->config;
     gpt = std::make_unique<model::Gpt2>(cfg, std::move(dir->weights), device);
-    model::release_weights(*dir);
   } else {
     cfg = model::Gpt2Config::preset(f.preset);  // speed does not depend on the weights' values
     gpt = std::make_unique<model::Gpt2>(cfg, model::Gpt2Weights::random(cfg, 1), device);

@@ -26,7 +26,9 @@ ModelDir load_model_dir(const std::string& dir);
 // (packed for the CPU's kernels, or on its device), so the loaded ones would
 // only stay resident, 0.5 GB for GPT-2 124M. Empties dir.weights and hands
 // the freed heap back to the kernel (malloc_trim: tune_malloc keeps freed
-// memory in the process otherwise).
+// memory in the process otherwise). For callers that built models from a
+// copy (one per device); a single model takes std::move(dir.weights) instead
+// and frees each weight as it packs it.
 void release_weights(ModelDir& dir);
 
 // Writes a complete model folder with random weights (init-model). The
