@@ -1,5 +1,6 @@
 #include "common/step_batches.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -42,12 +43,29 @@ std::unique_ptr<model::PagedKvCache> filled_cache(const model::Gpt2Config& confi
   return c;
 }
 
-double step_flops(const model::Gpt2Config& c, int64_t S, int64_t rows, int64_t ctx) {
+StepWork step_work(const model::Gpt2Config& c, int64_t S, int64_t rows, int64_t ctx) {
   const double E = c.n_embd, L = c.n_layer;
   const double linear = L * (E * 3 * E + E * E + E * 4 * E + 4 * E * E);
   double attention = 0;
   for (int64_t p = ctx - rows; p < ctx; ++p) attention += L * 2.0 * (p + 1) * E * 2;
-  return S * (rows * 2.0 * linear + attention + 2.0 * E * c.vocab_size);
+  StepWork w;
+  w.matmul_flops = S * (rows * 2.0 * linear + 2.0 * E * c.vocab_size);
+  w.attention_flops = S * attention;
+  // Per layer: the four matrices, their biases (3E, E, 4E, E) and two LayerNorms (4E); then wte and ln_f.
+  const double per_layer = linear / L + 3 * E + E + 4 * E + E + 4 * E;
+  w.weight_bytes = 4.0 * (L * per_layer + c.vocab_size * E + 2 * E);
+  w.kv_bytes = 4.0 * S * L * 2 * ctx * E;
+  return w;
+}
+
+double step_flops(const model::Gpt2Config& c, int64_t S, int64_t rows, int64_t ctx) {
+  return step_work(c, S, rows, ctx).flops();
+}
+
+double step_bound_ms(const StepWork& w, double peak_gflops, double read_gbs) {
+  const double matmul_s = std::max(w.matmul_flops / (peak_gflops * 1e9), w.weight_bytes / (read_gbs * 1e9));
+  const double attention_s = std::max(w.attention_flops / (peak_gflops * 1e9), w.kv_bytes / (read_gbs * 1e9));
+  return (matmul_s + attention_s) * 1e3;
 }
 
 }  // namespace troupe::bench
