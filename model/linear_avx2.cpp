@@ -11,11 +11,12 @@
 //       for each panel p in [p0, p1)        (the panel's [kKc, 16] chunk, 16 KiB, stays in L1)
 //         for each tile of 6 rows           (12 FMAs per 2 weight loads and 6 broadcasts)
 //
-// while the first tile prefetches the next panel's chunk, so weights stream
-// from memory under the FMAs. Up to 6 rows (one tile, no reuse) each panel
-// is one stream from top to bottom instead. With one or two rows a tile would be a chain
-// of 2 or 4 dependent FMAs per k (latency-bound): those tiles split k over
-// 4 or 2 accumulator sets (8 independent chains), summed at the end.
+// while the tiles prefetch the next panel's chunk, an equal share each, so
+// weights stream from memory under the FMAs at an even pace. Up to 6 rows
+// (one tile, no reuse) each panel is one stream from top to bottom instead.
+// With one or two rows a tile would be a chain of 2 or 4 dependent FMAs per k
+// (latency-bound): those tiles split k over 4 or 2 accumulator sets (8
+// independent chains), summed at the end.
 //
 // Nothing here may be an inline function or template shared with other
 // translation units (the linker would keep one copy, maybe this one, for
@@ -47,12 +48,13 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // C rows [0, MR) x 16 columns of one panel (only the first ncols exist) =
 // (load_c ? C : 0) + A [MR, kc] (row stride lda) @ chunk [kc, 16] (+ bias).
-// KS: accumulator sets, k split KS ways. Each k step prefetches `lines`
-// lines from pf (into L2) unless pf is null. `gelu`: the stored values go
-// through gelu_tanh (on the last chunk).
+// KS: accumulator sets, k split KS ways. The tile also prefetches `lines`
+// consecutive lines from pf into L2 (none when pf is null), spread evenly over
+// its kc / KS steps. `gelu`: the stored values go through gelu_tanh (on the
+// last chunk).
 template <int MR, int KS>
 void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool load_c, const char* pf, int lines, bool gelu) {
+          int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
   const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -70,10 +72,11 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     for (int s = 1; s < KS; ++s) acc[s][i][0] = acc[s][i][1] = _mm256_setzero_ps();
   }
   int64_t k = 0;
+  const int64_t steps = kc / KS;
+  int64_t due = 0;  // lines owed so far, times steps
   for (; k + KS <= kc; k += KS) {
     if (pf) {
-      const char* p = pf + (k / KS) * lines * 64;
-      for (int l = 0; l < lines; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T1);
+      for (due += lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     }
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) {
@@ -128,7 +131,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        bool, const char*, int, bool);
+                        bool, const char*, int64_t, bool);
 constexpr TileFn kTiles[kMr + 1] = {nullptr,    tile<1, 4>, tile<2, 2>, tile<3, 1>,
                                     tile<4, 1>, tile<5, 1>, tile<6, 1>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
@@ -165,16 +168,14 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
           next_rows = min64(kKc, K - k0 - kc);
         }
         const int64_t col = p * kNr, ncols = min64(kNr, N - col);
+        // Tiles share out the next chunk's lines (one per panel row) in equal
+        // parts, each spread over the tile's pass (see avx512's run()).
+        const int64_t share = (next_rows + tiles - 1) / tiles;
         for (int64_t i = 0, t = 0; i < mc; i += kMr, ++t) {
           const int64_t rows = min64(kMr, mc - i);
-          const int64_t steps = kc / kSplit[rows];
-          // Tiles share out the next chunk's lines (one per panel row), at
-          // `lines` per k step; past the chunk's end is harmless.
-          const int lines =
-              static_cast<int>(steps > 0 ? min64(4, (next_rows + steps * tiles - 1) / (steps * tiles)) : 0);
-          const char* pf = nullptr;
-          if (prefetch && next && lines > 0 && t * steps * lines < next_rows)
-            pf = reinterpret_cast<const char*>(next) + t * steps * lines * 64;
+          const int64_t first = t * share,
+                        lines = next && kc >= kSplit[rows] ? min64(share, next_rows - first) : 0;
+          const char* pf = prefetch && lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
           kTiles[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
                        c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
         }
