@@ -7,7 +7,7 @@ and output tokens/s within 10%.
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 64]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.85]
                           [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--repeats 3]
-                          [--out DIR]
+                          [--sensitivity 5] [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
@@ -20,7 +20,10 @@ the simulated ones at 85% load. Each load is served --repeats times (the served 
 head writes every step (`serve --step-log`), the cost model is calibrated to them (`troupe profile --refit
 --calibrate-with`), and each load is simulated again with the other load's calibration and with its own
 (in-sample: the simulator given the served steps' costs); `simulate --step-log` writes the simulated steps
-beside the served ones. Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
+beside the served ones. --sensitivity: each load is also simulated with every step time 5% shorter and 5%
+longer, and the table says how much each metric moves per 1% of step cost at that load (near saturation a
+small cost error grows: the batch and the step time feed each other). Run from the project root after
+scripts/setup.sh; name the CPU beside the numbers.
 """
 import argparse
 import json
@@ -48,6 +51,9 @@ ap.add_argument("--threads", type=int, default=0,
                 help="threads per worker (0: the CPUs but one, for the head and the client, split among the workers)")
 ap.add_argument("--repeats", type=int, default=3,
                 help="served runs per load (the served system's own spread, beside the simulator's error)")
+ap.add_argument("--sensitivity", type=float, default=5.0,
+                help="also simulate each load with every step time -/+ this %% (troupe simulate --cost-scale): how "
+                     "far a cost model's error of that size moves each metric (0: skip)")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -74,9 +80,10 @@ workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.i
 sim_flags = ["--cost", cost, "--workers", str(a.workers), "--num-blocks", str(a.num_blocks), "--quiet"]
 
 
-def simulate(rate, tag):
+def simulate(rate, tag, cost_scale=1.0):
     out = work / f"sim-{tag}.json"
-    run([T, "simulate"] + sim_flags + workload + ["--request-rate", str(rate), "--json", str(out)])
+    scale = ["--cost-scale", str(cost_scale)] if cost_scale != 1 else []
+    run([T, "simulate"] + sim_flags + workload + scale + ["--request-rate", str(rate), "--json", str(out)])
     return json.load(open(out))
 
 
@@ -126,10 +133,17 @@ def compare(load, rate, runs, sim, label, out):
             f"simulated {sim[key]:.2f}, {err:+.1f}%")
 
 
-rows, served = [], {}
+rows, served, sensitivity = [], {}, []
 for load in loads:
     rate = round(load * capacity, 4)
     sim = simulate(rate, f"{load}")
+    if a.sensitivity:
+        lo_s, hi_s = 1 - a.sensitivity / 100, 1 + a.sensitivity / 100
+        lo, hi = simulate(rate, f"{load}-cost-x{lo_s:g}", lo_s), simulate(rate, f"{load}-cost-x{hi_s:g}", hi_s)
+        for key, name, _ in KEYS:
+            per_pct = 100 * (hi[key] - lo[key]) / sim[key] / (2 * a.sensitivity) if sim[key] else float("nan")
+            sensitivity.append({"load": load, "rate": rate, "metric": name, "simulated": sim[key],
+                                "at_lower_cost": lo[key], "at_higher_cost": hi[key], "pct_per_pct": per_pct})
     runs = [measure(rate, f"{load}-r{r}") for r in range(a.repeats)]
     served[load] = runs
     compare(load, rate, runs, sim, f"load {load:.2f}", rows)
@@ -173,5 +187,17 @@ for label, rate, name, mean, lo, hi, sim, err, target in rows + calibrated_rows:
     ok = "met" if abs(err) <= target else "NOT met"
     print(f"| {label[5:]} | {rate:.3f} | {name} | {mean:.2f} ({lo:.2f}-{hi:.2f}) | {sim:.2f} | {err:+.1f}% | "
           f"±{target}%: {ok} |")
+if sensitivity:
+    s = a.sensitivity
+    print(f"\nSensitivity: the grid's fit with every step time x{1 - s / 100:g} and x{1 + s / 100:g} "
+          "(troupe simulate --cost-scale), beside the measured mean")
+    print(f"| load | metric | measured | simulated x{1 - s / 100:g} | x1 | x{1 + s / 100:g} | "
+          "% per 1% of step cost |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in sensitivity:
+        mean = spread(served[r["load"]], next(k for k, n, _ in KEYS if n == r["metric"]))[0]
+        print(f"| {r['load']:.2f} | {r['metric']} | {mean:.2f} | {r['at_lower_cost']:.2f} | {r['simulated']:.2f} | "
+              f"{r['at_higher_cost']:.2f} | {r['pct_per_pct']:+.2f} |")
 json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "repeats": a.repeats, "rows": rows,
-           "calibrated_rows": calibrated_rows}, open(work / "fidelity.json", "w"), indent=1)
+           "calibrated_rows": calibrated_rows, "sensitivity": sensitivity}, open(work / "fidelity.json", "w"),
+          indent=1)

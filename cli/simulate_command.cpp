@@ -40,6 +40,7 @@ struct SimulateFlags {
   std::string input_dist, output_dist;
   std::string trace, trace_format;
   double trace_time_scale = 1;
+  double cost_scale = 1;
   int32_t trace_block_tokens = 512;
   int32_t max_num_seqs = 256, max_batched_tokens = 2048, block_size = 16, num_blocks = 0,
           max_steps_in_flight = 2;
@@ -247,6 +248,7 @@ ordered_json config_json(const SimulateFlags& f, const sim::ClusterSpec& spec, c
   const auto& s = spec.scheduler;
   return {{"workers", sim::total_workers(spec)},
           {"nodes", std::move(nodes)},
+          {"cost_scale", f.cost_scale},
           {"placement", core::to_string(spec.placement)},
           {"scheduler",
            {{"max_num_seqs", s.max_num_seqs},
@@ -392,6 +394,10 @@ int run_find_workers(const SimulateFlags& f, Setup& s) {
 
 int run_simulate(const SimulateFlags& f) {
   Setup s;
+  if (!std::isfinite(f.cost_scale) || !(f.cost_scale > 0))
+    throw std::invalid_argument("--cost-scale must be a finite number > 0, got " +
+                                f.app->get_option("--cost-scale")->as<std::string>());
+  s.profiles = sim::CostProfiles(f.cost_scale);
   s.spec = cluster_spec(f);
   s.workload = make_workload(f);
   s.metrics.percentiles = parse_percentiles(f.percentiles);
@@ -444,6 +450,8 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
                   "Cost profile (troupe profile --out); with --cluster, for nodes naming none");
   sub->add_option("--cluster", f->cluster,
                   "Cluster file (YAML): nodes, workers, costs, KV, network, scheduler");
+  sub->add_option("--cost-scale", f->cost_scale,
+                  "Multiply every predicted step time (a device this much slower; < 1: faster)");
   sub->add_option("--workers", f->workers, "Workers, each with --cost (without --cluster)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--net-latency-us", f->net_latency_us,

@@ -162,6 +162,11 @@ ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse
   return spec;
 }
 
+CostProfiles::CostProfiles(double cost_scale) : cost_scale_(cost_scale) {
+  if (!std::isfinite(cost_scale) || !(cost_scale > 0))
+    throw std::invalid_argument("the cost scale must be finite and > 0, got " + std::to_string(cost_scale));
+}
+
 const CostProfile& CostProfiles::get(const std::string& path) {
   auto& p = profiles_[path];
   if (!p) p = std::make_shared<CostProfile>(read_cost_profile(path));
@@ -170,7 +175,9 @@ const CostProfile& CostProfiles::get(const std::string& path) {
 
 std::shared_ptr<const CostModel> CostProfiles::model(const std::string& path) {
   auto& m = models_[path];
-  if (!m) m = std::make_shared<const CostModel>(get(path).cost);
+  if (!m)
+    m = std::make_shared<const CostModel>(cost_scale_ == 1 ? get(path).cost
+                                                           : get(path).cost.scaled(cost_scale_));
   return m;
 }
 

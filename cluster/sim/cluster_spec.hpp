@@ -76,13 +76,17 @@ using MemoryParser = std::function<int64_t(const std::string&)>;
 // Throws std::runtime_error naming the file and the key on anything invalid.
 ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse_memory);
 
-// Loads each distinct cost profile once.
+// Loads each distinct cost profile once. Every model() is the profile's cost
+// model times `cost_scale` (finite, > 0; CostModel::scaled); get() is the
+// profile as read.
 class CostProfiles {
  public:
+  explicit CostProfiles(double cost_scale = 1);
   const CostProfile& get(const std::string& path);
   std::shared_ptr<const CostModel> model(const std::string& path);
 
  private:
+  double cost_scale_;
   std::map<std::string, std::shared_ptr<CostProfile>> profiles_;
   std::map<std::string, std::shared_ptr<const CostModel>> models_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "cluster/sim/least_squares.hpp"
 #include "core/serving_metrics.hpp"
@@ -87,6 +88,17 @@ int64_t CostModel::predict_ns(const StepShape& s) const {
   t += static_cast<double>(s.sample_rows) * sample_ns + static_cast<double>(s.decode_pairs) * decode_pair_ns +
        static_cast<double>(s.prefill_pairs) * prefill_pair_ns + static_cast<double>(s.items) * item_ns;
   return std::max<int64_t>(1, std::llround(t));
+}
+
+CostModel CostModel::scaled(double factor) const {
+  if (!std::isfinite(factor) || !(factor > 0))
+    throw std::invalid_argument("CostModel: a scale factor must be finite and > 0, got " +
+                                std::to_string(factor));
+  CostModel m = *this;
+  for (double& v : m.knot_ns) v *= factor;
+  for (double* v : {&m.sample_ns, &m.decode_pair_ns, &m.prefill_pair_ns, &m.item_ns}) *v *= factor;
+  m.check();  // an overflow to inf is refused here
+  return m;
 }
 
 CostModel CostModel::fit(const std::vector<double>& knots, const std::vector<CostSample>& samples) {

@@ -55,6 +55,13 @@ class CostModel {
   int64_t predict_ns(const StepShape& shape) const;
   int64_t predict_ns(const core::StepPlan& plan) const { return predict_ns(StepShape::of(plan)); }
 
+  // The same model with every term times `factor` (finite, > 0): it predicts
+  // factor x this one's time for every step (up to rounding to 1 ns). What
+  // `troupe simulate --cost-scale` runs: a device that much slower (or
+  // faster), or how far a cost model's error moves the simulated latencies.
+  // Throws std::invalid_argument on a bad factor.
+  CostModel scaled(double factor) const;
+
   // Fits every term to `samples` (non-empty, times > 0). `knots` as above.
   static CostModel fit(const std::vector<double>& knots, const std::vector<CostSample>& samples);
 

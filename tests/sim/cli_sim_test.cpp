@@ -241,6 +241,27 @@ TEST(CliSimulate, TraceReplay) {
   EXPECT_NE(r.output.find("azure_bad.csv:5:"), std::string::npos) << r.output;
 }
 
+TEST(CliSimulate, CostScaleMultipliesEveryStepTime) {
+  // All requests at once: no arrival falls between steps, so the schedule is
+  // the same whatever the step times, and every latency scales with them.
+  TempDir d;
+  const std::string args =
+      "--workers 1 --num-requests 24 --random-input-len 30 --random-output-len 10 "
+      "--range-ratio 0.5 --seed 5 --json ";
+  auto r = run_command(tcmd(sim_args(args + shell_quote(d.file("a.json")))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_command(tcmd(sim_args(args + shell_quote(d.file("b.json")) + " --cost-scale 2.5")));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json a = json::parse(read_file(d.file("a.json"))), b = json::parse(read_file(d.file("b.json")));
+  EXPECT_EQ(a["simulation"]["cost_scale"], 1.0);
+  EXPECT_EQ(b["simulation"]["cost_scale"], 2.5);
+  EXPECT_EQ(a["completed"], b["completed"]);
+  for (const char* k : {"median_ttft_ms", "median_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "duration"})
+    EXPECT_NEAR(b[k].get<double>(), 2.5 * a[k].get<double>(), 1e-4 * a[k].get<double>()) << k;
+  EXPECT_NEAR(b["output_throughput"].get<double>(), a["output_throughput"].get<double>() / 2.5,
+              1e-4 * a["output_throughput"].get<double>());
+}
+
 TEST(CliSimulate, Errors) {
   auto expect = [](const std::string& args, int status, const std::string& what) {
     auto r = run_command(tcmd(args));
@@ -257,6 +278,9 @@ TEST(CliSimulate, Errors) {
   expect(sim_args("--trace-format azure"), 2, "--trace");
   expect(sim_args("--input-len-dist gauss:3"), 2, "gauss:3");
   expect("simulate --cost /nonexistent/cost.json", 1, "troupe profile");
+  for (const char* bad : {"0", "-1", "nan", "inf"})
+    expect(sim_args(std::string("--num-requests 3 --cost-scale ") + bad), 2,
+           "--cost-scale must be a finite number > 0");
 }
 
 }  // namespace

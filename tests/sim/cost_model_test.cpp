@@ -63,6 +63,26 @@ TEST(CostModel, PredictsPiecewiseInTokens) {
   EXPECT_EQ(m.predict_ns(p), m.predict_ns(shape({{0, 8, false}})));
 }
 
+TEST(CostModel, ScaledPredictsTheFactorTimesEveryStep) {
+  const CostModel m = known();
+  const std::vector<StepShape> shapes = {shape({{0, 1, true}}), shape({{0, 8, false}}),
+                                         shape({{0, 300, false}, {40, 1, true}, {7, 1, true}}),
+                                         shape({{1000, 1, true}, {3, 1, true}, {0, 64, true}})};
+  for (double f : {0.5, 1.05, 3.0}) {
+    const CostModel s = m.scaled(f);
+    for (const StepShape& sh : shapes) {
+      const double want = f * static_cast<double>(m.predict_ns(sh));
+      // Each prediction rounds to 1 ns once, so the two differ by at most ~1 ns times the factor.
+      EXPECT_NEAR(static_cast<double>(s.predict_ns(sh)), want, 0.5 + f * 0.5) << "factor " << f;
+    }
+    EXPECT_EQ(s.knots, m.knots);  // only times scale, not where the knots lie
+  }
+  EXPECT_EQ(m.scaled(1).to_json(), m.to_json());
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL})
+    EXPECT_THROW(m.scaled(bad), std::invalid_argument) << bad;
+  EXPECT_THROW(m.scaled(1e305), std::invalid_argument);  // 3e7 ns x 1e305 overflows to inf: refused
+}
+
 TEST(CostModel, FitRecoversAKnownModel) {
   const CostModel truth = known();
   Random rng(3);
