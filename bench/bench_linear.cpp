@@ -2,7 +2,9 @@
 // at::addmv for one row, as the model called them before model/linear.cpp)
 // and through Linear's packed kernel in every variant this CPU runs (AVX-512
 // 6x64, AVX2 6x16), side by side, per batch rows M, with each variant's FMA
-// peak measured in the same run (bench/common/machine_limits.hpp).
+// peak measured in the same run (bench/common/machine_limits.hpp): before
+// every M's packed passes, the best of the run counting; the table comes at
+// the end.
 //
 // One pass = every weight matrix once, in model order (12 layers x c_attn
 // [768, 2304], attn c_proj [768, 768], c_fc [768, 3072], mlp c_proj
@@ -121,18 +123,22 @@ int main(int argc, char** argv) {
       "NOTE: built without -fopenmp, so at::parallel_for (a header template) runs serially here:\n"
       "      the packed kernel uses one core while OpenBLAS uses its own threads.\n");
 #endif
-  std::vector<double> peak;
-  for (CpuIsa isa : isas) {
-    peak.push_back(troupe::bench::fma_peak_gflops(isa));
-    std::printf("FMA peak with %s instructions, %d threads: %.1f GFLOP/s\n", to_string(isa),
-                at::get_num_threads(), peak.back());
-  }
-  std::printf(
-      "\nms per pass over all 48 layer matrices + LM head, best (median) of the passes; GF/s of the best\n"
-      "pass and its share of the variant's FMA peak; x = BLAS time / variant time\n\n");
-  std::printf("%5s | %-28s", "M", "OpenBLAS");
-  for (CpuIsa isa : isas) std::printf(" | %-36s", to_string(isa));
-  std::printf("\n");
+  // Each variant's FMA peak is measured again before every M's packed
+  // passes and the best of the run counts (a peak taken once may catch a
+  // busy moment and make every share look too high), so the table is
+  // printed at the end.
+  std::vector<double> peak(isas.size(), 0.0);
+  auto measure_peaks = [&] {
+    for (size_t i = 0; i < isas.size(); ++i)
+      peak[i] = std::max(peak[i], troupe::bench::fma_peak_gflops(isas[i]));
+  };
+  struct Row {
+    int64_t M;
+    double flops;
+    std::vector<Stats> total;                     // per path: all matrices
+    std::vector<std::vector<Stats>> shape_stats;  // per shape, per path
+  };
+  std::vector<Row> rows;
 
   for (int64_t M : ms) {
     std::vector<at::Tensor> xs;
@@ -155,35 +161,54 @@ int main(int argc, char** argv) {
     // OpenBLAS's idle workers spin for a while (~0.1 s) after a call and
     // would take the cores from the packed kernels' OpenMP threads.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    measure_peaks();
     for (int r = 0; r < n + 1; ++r)
       for (int path = 1; path < n_paths; ++path) pass(path, r > 0);
 
-    double flops = 0;
-    for (const Shape& sh : kShapes) flops += 2.0 * M * sh.in * sh.out * sh.count;
-    std::vector<Stats> total(static_cast<size_t>(n_paths));
+    Row row{M, 0, std::vector<Stats>(static_cast<size_t>(n_paths)), {}};
+    for (const Shape& sh : kShapes) row.flops += 2.0 * M * sh.in * sh.out * sh.count;
     for (int path = 0; path < n_paths; ++path) {
       std::vector<double> v(static_cast<size_t>(n), 0.0);
       for (int s = 0; s < kShapeCount; ++s)
         for (int r = 0; r < n; ++r)
           v[static_cast<size_t>(r)] +=
               times[static_cast<size_t>(path * kShapeCount + s)][static_cast<size_t>(r)];
-      total[static_cast<size_t>(path)] = stats(v);
+      row.total[static_cast<size_t>(path)] = stats(v);
     }
-    std::printf("%5lld | %7.2f (%7.2f) %6.1f GF/s", static_cast<long long>(M), total[0].best, total[0].median,
-                flops / total[0].best * 1e-6);
+    for (int s = 0; s < kShapeCount; ++s) {
+      row.shape_stats.emplace_back();
+      for (int path = 0; path < n_paths; ++path)
+        row.shape_stats.back().push_back(stats(times[static_cast<size_t>(path * kShapeCount + s)]));
+    }
+    rows.push_back(std::move(row));
+  }
+
+  for (size_t i = 0; i < isas.size(); ++i)
+    std::printf("FMA peak with %s instructions, %d threads (best of %zu measurements): %.1f GFLOP/s\n",
+                to_string(isas[i]), at::get_num_threads(), ms.size(), peak[i]);
+  std::printf(
+      "\nms per pass over all 48 layer matrices + LM head, best (median) of the passes; GF/s of the best\n"
+      "pass and its share of the variant's FMA peak; x = BLAS time / variant time\n\n");
+  std::printf("%5s | %-28s", "M", "OpenBLAS");
+  for (CpuIsa isa : isas) std::printf(" | %-36s", to_string(isa));
+  std::printf("\n");
+  for (const Row& row : rows) {
+    const Stats& blas = row.total[0];
+    std::printf("%5lld | %7.2f (%7.2f) %6.1f GF/s", static_cast<long long>(row.M), blas.best, blas.median,
+                row.flops / blas.best * 1e-6);
     for (int path = 1; path < n_paths; ++path) {
-      const Stats& t = total[static_cast<size_t>(path)];
-      const double gf = flops / t.best * 1e-6;
+      const Stats& t = row.total[static_cast<size_t>(path)];
+      const double gf = row.flops / t.best * 1e-6;
       std::printf(" | %7.2f (%7.2f) %6.1f %3.0f%% %5.2fx", t.best, t.median, gf,
-                  100.0 * gf / peak[static_cast<size_t>(path - 1)], total[0].best / t.best);
+                  100.0 * gf / peak[static_cast<size_t>(path - 1)], blas.best / t.best);
     }
     std::printf("\n");
     if (per_shape)
       for (int s = 0; s < kShapeCount; ++s) {
-        const double f = 2.0 * M * kShapes[s].in * kShapes[s].out * kShapes[s].count;
+        const double f = 2.0 * row.M * kShapes[s].in * kShapes[s].out * kShapes[s].count;
         std::printf("      %-22s", kShapes[s].name);
         for (int path = 0; path < n_paths; ++path) {
-          const Stats st = stats(times[static_cast<size_t>(path * kShapeCount + s)]);
+          const Stats& st = row.shape_stats[static_cast<size_t>(s)][static_cast<size_t>(path)];
           std::printf("  %s %8.3f ms %7.1f GF/s",
                       path == 0 ? "blas" : to_string(isas[static_cast<size_t>(path - 1)]), st.best,
                       f / st.best * 1e-6);
