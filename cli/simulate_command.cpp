@@ -239,6 +239,7 @@ ordered_json config_json(const SimulateFlags& f, const sim::ClusterSpec& spec, c
                      {"count", g.count},
                      {"workers", g.workers},
                      {"cost", g.cost},
+                     {"cost_scale", g.cost_scale},
                      {"kv_blocks", g.kv_blocks},
                      {"kv_memory", g.kv_memory},
                      {"local", g.local},

@@ -134,7 +134,8 @@ ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse
   for (size_t i = 0; i < nodes.size(); ++i) {
     const auto& n = nodes[i];
     const std::string where = "nodes[" + std::to_string(i) + "]";
-    r.only(n, where, {"name", "count", "workers", "cost", "kv_blocks", "kv_memory", "local", "network"});
+    r.only(n, where,
+           {"name", "count", "workers", "cost", "cost_scale", "kv_blocks", "kv_memory", "local", "network"});
     NodeGroup g;
     g.name = n["name"] ? r.text(n["name"], where + ".name") : "node" + std::to_string(i);
     if (n["count"]) g.count = static_cast<int32_t>(r.integer(n["count"], where + ".count", 1, 1'000'000));
@@ -142,6 +143,10 @@ ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse
     if (n["cost"]) {
       const std::filesystem::path cost = r.text(n["cost"], where + ".cost");
       g.cost = cost.is_absolute() || dir.empty() ? cost.string() : (dir / cost).string();
+    }
+    if (n["cost_scale"]) {
+      g.cost_scale = r.number(n["cost_scale"], where + ".cost_scale");
+      if (!(g.cost_scale > 0)) r.fail(where + ".cost_scale", "must be > 0");
     }
     if (n["kv_blocks"] && n["kv_memory"]) r.fail(where, "give kv_blocks or kv_memory, not both");
     if (n["kv_blocks"])
@@ -173,11 +178,12 @@ const CostProfile& CostProfiles::get(const std::string& path) {
   return *p;
 }
 
-std::shared_ptr<const CostModel> CostProfiles::model(const std::string& path) {
-  auto& m = models_[path];
-  if (!m)
-    m = std::make_shared<const CostModel>(cost_scale_ == 1 ? get(path).cost
-                                                           : get(path).cost.scaled(cost_scale_));
+std::shared_ptr<const CostModel> CostProfiles::model(const std::string& path, double scale) {
+  auto& m = models_[{path, scale}];
+  if (!m) {
+    const double f = cost_scale_ * scale;  // scaled() refuses a bad one
+    m = std::make_shared<const CostModel>(f == 1 ? get(path).cost : get(path).cost.scaled(f));
+  }
   return m;
 }
 
@@ -227,7 +233,7 @@ std::vector<SimWorkerSpec> build_workers(const ClusterSpec& spec, CostProfiles& 
         SimWorkerSpec w;
         w.node = g.count > 1 ? g.name + "-" + std::to_string(node) : g.name;
         w.device = p.device;
-        w.cost = profiles.model(g.cost);
+        w.cost = profiles.model(g.cost, g.cost_scale);
         w.scheduler = so;
         w.link = g.link;
         out.push_back(std::move(w));

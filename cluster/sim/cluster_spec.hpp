@@ -23,6 +23,7 @@
 //       count: 4                      # nodes of this kind
 //       workers: 2
 //       cost: cost-h200.json
+//       cost_scale: 0.8               # every step time x 0.8 (a faster one of the kind); default 1
 //       kv_blocks: 60000
 //       network: {latency_us: 20}     # overrides the default
 //
@@ -33,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cluster/sim/cost_profile.hpp"
@@ -56,6 +58,7 @@ struct NodeGroup {
   int32_t count = 1;      // nodes of this kind; >= 1
   int32_t workers = 1;    // workers per node; >= 1
   std::string cost;       // cost profile path; empty = the caller's default (--cost)
+  double cost_scale = 1;  // every predicted step time of these workers x this (finite, > 0)
   int32_t kv_blocks = 0;  // KV blocks per worker; 0 = from kv_memory
   int64_t kv_memory = 0;  // KV bytes per worker; 0 = 2 GiB (troupe serve's default)
   bool local = false;     // in the head's process: no network delay
@@ -76,19 +79,19 @@ using MemoryParser = std::function<int64_t(const std::string&)>;
 // Throws std::runtime_error naming the file and the key on anything invalid.
 ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse_memory);
 
-// Loads each distinct cost profile once. Every model() is the profile's cost
-// model times `cost_scale` (finite, > 0; CostModel::scaled); get() is the
-// profile as read.
+// Loads each distinct cost profile once. model(path, scale) is the profile's
+// cost model times `cost_scale` x `scale` (each finite, > 0;
+// CostModel::scaled), built once per pair; get() is the profile as read.
 class CostProfiles {
  public:
   explicit CostProfiles(double cost_scale = 1);
   const CostProfile& get(const std::string& path);
-  std::shared_ptr<const CostModel> model(const std::string& path);
+  std::shared_ptr<const CostModel> model(const std::string& path, double scale = 1);
 
  private:
   double cost_scale_;
   std::map<std::string, std::shared_ptr<CostProfile>> profiles_;
-  std::map<std::string, std::shared_ptr<const CostModel>> models_;
+  std::map<std::pair<std::string, double>, std::shared_ptr<const CostModel>> models_;
 };
 
 // The workers of a spec, ready for SimOptions::workers. Checks that every

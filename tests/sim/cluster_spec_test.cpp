@@ -77,6 +77,30 @@ TEST(ClusterSpec, ReadsEveryKey) {
   EXPECT_EQ(total_workers(with_last_group_nodes(s, 10)), 21);
 }
 
+TEST(ClusterSpec, CostScalesMultiplyEveryStepTime) {
+  Files f;
+  test::TempFile y("nodes:\n  - {cost: " + f.cost.path + "}\n  - {cost: " + f.cost.path +
+                       ", cost_scale: 2.5}\n  - {cost: " + f.cost.path + ", cost_scale: 1}\n",
+                   ".yaml");
+  const ClusterSpec s = load_cluster_file(y.path, parse_memory);
+  EXPECT_EQ(s.groups[0].cost_scale, 1.0);
+  EXPECT_EQ(s.groups[1].cost_scale, 2.5);
+  StepShape one;
+  one.add(0, 1, true);
+  CostProfiles plain;
+  auto w = build_workers(s, plain);
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_EQ(w[0].cost->predict_ns(one), 1'000'000);  // small_profile(): 1 ms a step
+  EXPECT_EQ(w[1].cost->predict_ns(one), 2'500'000);
+  EXPECT_EQ(w[0].cost, w[2].cost);  // same profile, same scale: one model
+  CostProfiles times4(4);           // --cost-scale 4: times each group's own
+  w = build_workers(s, times4);
+  EXPECT_EQ(w[0].cost->predict_ns(one), 4'000'000);
+  EXPECT_EQ(w[1].cost->predict_ns(one), 10'000'000);
+  EXPECT_THROW(CostProfiles(0), std::invalid_argument);
+  EXPECT_THROW(CostProfiles(std::nan("")), std::invalid_argument);
+}
+
 TEST(ClusterSpec, CostPathsAreRelativeToTheFile) {
   Files f;
   const std::string dir = f.cost.path.substr(0, f.cost.path.rfind('/'));
@@ -105,6 +129,9 @@ TEST(ClusterSpec, BadFilesNameTheKey) {
   expect("placement: random\nnodes: [{cost: c}]\n", "placement");
   expect("nodes: []\n", "nodes");
   expect("nodes: [{cost: c, count: 0}]\n", "nodes[0].count");
+  expect("nodes: [{cost: c, cost_scale: 0}]\n", "nodes[0].cost_scale: must be > 0");
+  expect("nodes: [{cost: c, cost_scale: -2}]\n", "nodes[0].cost_scale");
+  expect("nodes: [{cost: c, cost_scale: fast}]\n", "nodes[0].cost_scale: must be a number");
   expect("nodes: [{cost: c, kv_memory: lots}]\n", "nodes[0].kv_memory");
   expect("nodes: [{cost: c, kv_memory: 1MiB, kv_blocks: 3}]\n", "not both");
   expect("nodes: [{cost: c, local: true, network: {latency_us: 3}}]\n", "local node has no network");
