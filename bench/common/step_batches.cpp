@@ -58,10 +58,6 @@ StepWork step_work(const model::Gpt2Config& c, int64_t S, int64_t rows, int64_t 
   return w;
 }
 
-double step_flops(const model::Gpt2Config& c, int64_t S, int64_t rows, int64_t ctx) {
-  return step_work(c, S, rows, ctx).flops();
-}
-
 double step_bound_ms(const StepWork& w, double peak_gflops, double read_gbs) {
   const double matmul_s = std::max(w.matmul_flops / (peak_gflops * 1e9), w.weight_bytes / (read_gbs * 1e9));
   const double attention_s = std::max(w.attention_flops / (peak_gflops * 1e9), w.kv_bytes / (read_gbs * 1e9));

@@ -31,7 +31,6 @@ struct StepWork {
   double flops() const { return matmul_flops + attention_flops; }
 };
 StepWork step_work(const model::Gpt2Config& config, int64_t S, int64_t rows, int64_t ctx);
-double step_flops(const model::Gpt2Config& config, int64_t S, int64_t rows, int64_t ctx);
 
 // The least time (ms) a step of that work takes on a machine with this FMA
 // peak and streaming read bandwidth, run as Gpt2::forward_step runs it: each
