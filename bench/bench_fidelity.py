@@ -142,7 +142,7 @@ for load in loads:
         lo, hi = simulate(rate, f"{load}-cost-x{lo_s:g}", lo_s), simulate(rate, f"{load}-cost-x{hi_s:g}", hi_s)
         for key, name, _ in KEYS:
             per_pct = 100 * (hi[key] - lo[key]) / sim[key] / (2 * a.sensitivity) if sim[key] else float("nan")
-            sensitivity.append({"load": load, "rate": rate, "metric": name, "simulated": sim[key],
+            sensitivity.append({"load": load, "rate": rate, "key": key, "metric": name, "simulated": sim[key],
                                 "at_lower_cost": lo[key], "at_higher_cost": hi[key], "pct_per_pct": per_pct})
     runs = [measure(rate, f"{load}-r{r}") for r in range(a.repeats)]
     served[load] = runs
@@ -195,7 +195,7 @@ if sensitivity:
           "% per 1% of step cost |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in sensitivity:
-        mean = spread(served[r["load"]], next(k for k, n, _ in KEYS if n == r["metric"]))[0]
+        mean = spread(served[r["load"]], r["key"])[0]
         print(f"| {r['load']:.2f} | {r['metric']} | {mean:.2f} | {r['at_lower_cost']:.2f} | {r['simulated']:.2f} | "
               f"{r['at_higher_cost']:.2f} | {r['pct_per_pct']:+.2f} |")
 json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "repeats": a.repeats, "rows": rows,
