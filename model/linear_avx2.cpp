@@ -148,7 +148,6 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
     }
     return;
   }
-  const bool prefetch = true;
   for (int64_t m0 = 0; m0 < M; m0 += kMc) {
     const int64_t mc = min64(kMc, M - m0);
     const int64_t tiles = (mc + kMr - 1) / kMr;
@@ -175,7 +174,7 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
           const int64_t rows = min64(kMr, mc - i);
           const int64_t first = t * share,
                         lines = next && kc >= kSplit[rows] ? min64(share, next_rows - first) : 0;
-          const char* pf = prefetch && lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
+          const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
           kTiles[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
                        c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
         }
