@@ -6,7 +6,7 @@
 #
 #   bash scripts/setup.sh            # everything
 #   SKIP_MODEL=1 bash scripts/setup.sh   # no default model (tests make their own)
-#   SKIP_TOOLS=1 bash scripts/setup.sh   # no promtool / openai npm package (their tests then skip)
+#   SKIP_TOOLS=1 bash scripts/setup.sh   # no promtool / openai and tiktoken npm packages (their tests then skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -64,7 +64,7 @@ printf "%s  %s\n%s  %s\n" 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed225
 # promtool, taken out of Debian's prometheus package without installing it
 # (the package would start a Prometheus server on systemd machines; this
 # takes ~10 s and 48 MB), and the official openai npm package, pinned, for
-# the black-box tests of the HTTP front.
+# the black-box tests of the HTTP front, and tiktoken, for the tokenizer's.
 TOOLS_DIR="$ROOT/.tools"
 if [ -z "${SKIP_TOOLS:-}" ]; then
   if [ ! -x "$TOOLS_DIR/bin/promtool" ]; then
@@ -77,13 +77,18 @@ if [ -z "${SKIP_TOOLS:-}" ]; then
     mv "$tmp/usr/bin/promtool" "$TOOLS_DIR/bin/promtool"
     rm -rf "$tmp"
   fi
-  OPENAI_NPM_VERSION=6.30.1  # pinned; 7.x needs Node >= 22
-  if [ ! -f "$TOOLS_DIR/node/node_modules/openai/package.json" ] \
-    || ! grep -q "\"version\": \"$OPENAI_NPM_VERSION\"" "$TOOLS_DIR/node/node_modules/openai/package.json"; then
-    log "openai npm package $OPENAI_NPM_VERSION into $TOOLS_DIR/node"
-    mkdir -p "$TOOLS_DIR/node"
-    npm install --prefix "$TOOLS_DIR/node" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION" >/dev/null
-  fi
+  # pinned: openai 7.x needs Node >= 22; tiktoken 1.0.22 (OpenAI's tokenizer, Rust compiled to WASM) is
+  # the reference of the tokenizer's differential tests, with Unicode 16's tables (tests/model/tokenizer_reference_test.cpp)
+  NPM_TOOLS=(openai@6.30.1 tiktoken@1.0.22)
+  for spec in "${NPM_TOOLS[@]}"; do
+    manifest="$TOOLS_DIR/node/node_modules/${spec%@*}/package.json"
+    if [ ! -f "$manifest" ] || ! grep -q "\"version\": \"${spec##*@}\"" "$manifest"; then
+      log "npm packages ${NPM_TOOLS[*]} into $TOOLS_DIR/node"
+      mkdir -p "$TOOLS_DIR/node"
+      npm install --prefix "$TOOLS_DIR/node" --no-audit --no-fund --silent "${NPM_TOOLS[@]}" >/dev/null
+      break
+    fi
+  done
 fi
 
 export CCACHE_DIR=${CCACHE_DIR:-$BUILD_DIR/.ccache}

@@ -302,7 +302,7 @@ TEST(HttpFront, TheOfficialOpenAiNpmClientWorks) {
     GTEST_SKIP() << "no openai npm package in " << modules << " (scripts/setup.sh installs it)";
   }
   ServeProcess serve({"--api-key", "k"});
-  const std::string script = std::string(TROUPE_HTTP_TEST_DIR) + "/openai_npm_client.cjs";
+  const std::string script = std::string(TROUPE_TEST_DIR) + "/http/openai_npm_client.cjs";
   auto r = run_command(
       "NODE_PATH=" + shell_quote(modules) + " node " + shell_quote(script) + " " + serve.url() + " tiny k",
       /*merge_stderr=*/false);

@@ -98,8 +98,9 @@ TEST(Tokenizer, UnicodeClassesFollowPythonRegex) {
   EXPECT_EQ(pieces("x\xE1\xA0\x8E y"), (std::vector<std::string>{"x", "\xE1\xA0\x8E", " y"}));
   // U+0085 is White_Space.
   EXPECT_EQ(pieces(" \xC2\x85\xC2\x85x"), (std::vector<std::string>{" \xC2\x85", "\xC2\x85", "x"}));
-  // U+31350 (CJK Extension H, Unicode 15) is a letter.
+  // U+31350 (CJK Extension H, Unicode 15) and U+323B0 (Extension J, Unicode 17) are letters.
   EXPECT_EQ(pieces("a\xF0\xB1\x8D\x90"), (std::vector<std::string>{"a\xF0\xB1\x8D\x90"}));
+  EXPECT_EQ(pieces("a\xF0\xB2\x8E\xB0'd"), (std::vector<std::string>{"a\xF0\xB2\x8E\xB0", "'d"}));
   // A combining accent is not a letter: "e" + U+0301 are two pieces.
   EXPECT_EQ(pieces("e\xCC\x81"), (std::vector<std::string>{"e", "\xCC\x81"}));
 }
