@@ -25,6 +25,7 @@ using workers_atom = caf::atom_constant<caf::atom("workers")>;    // (n) batcher
 using status_atom = caf::atom_constant<caf::atom("status")>;      // (client) a status request
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // stop taking new work
 using idle_atom = caf::atom_constant<caf::atom("idle")>;          // -> bool: nothing in flight
+using abort_atom = caf::atom_constant<caf::atom("abort")>;        // (why) -> jobs ended with an error
 
 // Batcher.
 using run_atom = caf::atom_constant<caf::atom("run")>;          // (Request) router -> batcher

@@ -81,6 +81,12 @@ router_actor::behavior_type router(Self self, const model::Tokenizer* tokenizer,
       },
       [=](shutdown_atom) { self->state.core->begin_shutdown(); },
       [=](idle_atom) { return self->state.core->idle(); },
+      [=](abort_atom, const std::string& why) {
+        RouterOutput out;
+        const size_t n = self->state.core->abort_all(why, now_ns(self), out);
+        flush(self, out);
+        return static_cast<int32_t>(n);
+      },
   };
 }
 

@@ -21,7 +21,8 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<submit_atom, std::string, Job>, caf::reacts_to<cancel_atom, std::string, uint64_t>,
     caf::reacts_to<gone_atom, std::string>, caf::reacts_to<events_atom, std::vector<core::RequestEvent>>,
     caf::reacts_to<workers_atom, int32_t>, caf::reacts_to<status_atom, std::string>,
-    caf::reacts_to<shutdown_atom>, caf::replies_to<idle_atom>::with<bool>>;
+    caf::reacts_to<shutdown_atom>, caf::replies_to<idle_atom>::with<bool>,
+    caf::replies_to<abort_atom, std::string>::with<int32_t>>;
 
 // Delivers one message to one client; called on the router's thread, must
 // be thread-safe with respect to the front's own thread (e.g. an outbox).

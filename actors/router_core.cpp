@@ -1,5 +1,6 @@
 #include "actors/router_core.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "actors/output_text.hpp"
@@ -194,6 +195,23 @@ void RouterCore::on_client_gone(const std::string& client, RouterOutput& out) {
     ++stats_.finished;
     erase(id);
   }
+}
+
+size_t RouterCore::abort_all(const std::string& why, int64_t now, RouterOutput& out) {
+  std::vector<uint64_t> ids;
+  ids.reserve(by_id_.size());
+  for (const auto& [id, live] : by_id_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());  // in arrival order, whatever the map's
+  for (uint64_t id : ids) {
+    Live& r = *by_id_.at(id);
+    out.commands.emplace_back(FinishCommand{id, core::FinishReason::kCancelled});
+    Finished f;
+    f.finish_reason = core::FinishReason::kError;
+    f.error = why;
+    f.text = r.text->flush();
+    finish(r, f, now, out);
+  }
+  return ids.size();
 }
 
 void RouterCore::on_events(const std::vector<core::RequestEvent>& events, int64_t now, RouterOutput& out) {

@@ -128,6 +128,10 @@ class RouterCore {
   void set_workers(int32_t n) { stats_.workers = n; }
   // New jobs are refused from now on ("shutting_down"); running ones go on.
   void begin_shutdown() { stats_.shutting_down = true; }
+  // Ends every job still open with finish reason `error` and `why` (the
+  // server stops before they finish): each client gets its Finished with
+  // the text so far, the batcher frees them. How many there were.
+  size_t abort_all(const std::string& why, int64_t now, RouterOutput& out);
   bool idle() const { return by_id_.empty(); }
 
   const RouterStats& stats() const { return stats_; }

@@ -128,7 +128,10 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
         ->check(CLI::Range(50, 60000));
     sub->add_option("--liveness", h.liveness, "Missed heartbeats before a worker node is lost")
         ->check(CLI::Range(3, 5));
-    sub->add_option("--drain-timeout", f->drain_timeout_s, "At SIGTERM: seconds in-flight jobs may take")
+    sub->add_option(
+           "--drain-timeout", f->drain_timeout_s,
+           "At SIGTERM: seconds in-flight jobs may take; then (or at a second signal) the jobs still "
+           "open end with an error their clients see")
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--http", h.http.listen,
                     "Also serve OpenAI's completions API over HTTP at HOST:PORT, e.g. 127.0.0.1:8000 "

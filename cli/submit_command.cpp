@@ -58,6 +58,12 @@ std::chrono::milliseconds timeout_of(const ClientFlags& f) {
   return std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
 }
 
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // One job's result as a JSON line (the format of `troupe batch`, plus timings).
@@ -160,7 +166,7 @@ int submit_one(const SubmitFlags& f) {
       auto m = client.next(silence);
       if (!m)
         throw std::runtime_error("no answer from the head at " + f.client.to + " for " +
-                                 std::to_string(f.client.timeout_s) + " s (is `troupe serve` running?)");
+                                 seconds_text(f.client.timeout_s) + " s (is `troupe serve` running?)");
       if (tag_of(*m) != std::optional<uint64_t>(1)) continue;
       if (auto* r = std::get_if<transport::Rejected>(&*m);
           r && r->code == transport::RejectCode::kBusy && out.busy_retries < 100) {
@@ -264,9 +270,16 @@ int submit_file(const SubmitFlags& f) {
     }
     auto m = client.next(std::chrono::milliseconds(100));
     if (!m) {
-      if (Clock::now() - last_heard > silence && in_flight > 0) {
-        throw std::runtime_error("no answer from the head at " + f.client.to + " for " +
-                                 std::to_string(f.client.timeout_s) + " s");
+      if (Clock::now() - last_heard > silence && (in_flight > 0 || !retry_at.empty())) {
+        // Every job still open gets its error line; the file stays whole.
+        const std::string why =
+            "no answer from the head at " + f.client.to + " for " + seconds_text(f.client.timeout_s) + " s";
+        std::fprintf(stderr, "%stroupe submit: %s; %zu job(s) unfinished\n", tty ? "\n" : "", why.c_str(),
+                     jobs.size() - done);
+        for (Outcome& o : jobs)
+          if (!o.finished && !o.error) o.error = why;
+        done = jobs.size();
+        break;
       }
     } else {
       last_heard = Clock::now();

@@ -185,17 +185,32 @@ int run_head(const HeadOptions& o) {
   const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
   {
     caf::scoped_actor self{sys};  // gone before await_all_actors_done (it counts as an actor)
-    for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
+    bool idle = false, second_signal = false;
+    while (!idle && !second_signal && std::chrono::steady_clock::now() < deadline) {
       self->request(router, std::chrono::seconds(5), actors::idle_atom::value)
           .receive([&](bool i) { idle = i; },
                    [&](caf::error& e) {
                      log_line(o.quiet, "router does not answer (" + sys.render(e) + "); stopping");
                      idle = true;
                    });
-      if (!idle && signals.wait(std::chrono::milliseconds(100))) break;  // a second signal: stop now
+      if (!idle) second_signal = signals.wait(std::chrono::milliseconds(100)).has_value();  // stop now
+    }
+    if (!idle) {
+      // Every job still open ends with an error its client sees (a stream's
+      // last chunk, submit's error line), not with a connection that drops.
+      const std::string why =
+          "the server stopped before this job finished (" +
+          (second_signal ? std::string("a second stop signal")
+                         : "--drain-timeout " + std::to_string(o.drain_timeout.count()) + " s ran out") +
+          ")";
+      self->request(router, std::chrono::seconds(5), actors::abort_atom::value, why)
+          .receive(
+              [&](int32_t n) { log_line(o.quiet, std::to_string(n) + " job(s) unfinished: " + why); },
+              [&](caf::error& e) { log_line(o.quiet, "router does not answer (" + sys.render(e) + ")"); });
     }
   }
-  if (http) http->stop();
+  if (http) http->stop();               // after the streams' last chunks (it waits for them)
+  loop.flush(std::chrono::seconds(2));  // the clients' last frames leave before the sockets close
   loop.stop();
   for (auto& w : local) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);

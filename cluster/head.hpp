@@ -3,7 +3,8 @@
 // socket (ZeroMQ ROUTER, the wire of transport/protocol.hpp), the backend
 // socket where worker nodes join, and any number of local workers. It runs
 // until SIGTERM or SIGINT, then stops taking jobs, finishes what is in flight
-// (bounded by drain_timeout) and exits 0.
+// (bounded by drain_timeout, or until a second signal: the jobs still open
+// then end with an error their clients see) and exits 0.
 //
 //   clients ─▶ frontend ─▶ router ─▶ batcher ─▶ local workers (detached actors, the model)
 //   HTTP clients ─▶ HTTP front ─┘ (optional: cluster/http_front.hpp)

@@ -63,9 +63,11 @@ std::string random_routing_id() {
 
 struct SocketLoop::Impl {
   struct Command {
-    enum Kind { kSend, kReconnect } kind = kSend;
+    enum Kind { kSend, kReconnect, kFlush } kind = kSend;
     SocketId socket = 0;
     std::string peer, body;
+    std::shared_ptr<std::promise<void>> flushed = {};  // kFlush: set once the frames before it are written
+    int linger_ms = 0;                                 // kFlush: the sockets' linger from then on
   };
 
   explicit Impl(const LoopOptions& o) : options(o), wakeup(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -358,6 +360,10 @@ void SocketLoop::Impl::drain_outbox() {
   for (Command& c : batch) {
     if (c.kind == Command::kSend) {
       write(c.socket, c.peer, std::move(c.body));
+    } else if (c.kind == Command::kFlush) {
+      for (auto& socket : sockets)
+        if (socket) socket->set(zmq::sockopt::linger, c.linger_ms);
+      c.flushed->set_value();
     } else if (specs[c.socket].role == SocketOptions::Role::kClient) {
       log(name(c.socket) + ": reconnecting to " + specs[c.socket].endpoint);
       sockets[c.socket].reset();
@@ -457,6 +463,23 @@ void SocketLoop::reconnect(SocketId socket) {
   }
   const uint64_t one = 1;
   (void)!::write(impl_->wakeup, &one, sizeof one);
+}
+
+bool SocketLoop::flush(std::chrono::milliseconds timeout) {
+  auto flushed = std::make_shared<std::promise<void>>();
+  std::future<void> done = flushed->get_future();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (!impl_->running) return false;
+    Impl::Command c;
+    c.kind = Impl::Command::kFlush;
+    c.flushed = flushed;
+    c.linger_ms = static_cast<int>(timeout.count());
+    impl_->outbox.push_back(std::move(c));
+  }
+  const uint64_t one = 1;
+  (void)!::write(impl_->wakeup, &one, sizeof one);
+  return done.wait_for(timeout) == std::future_status::ready;
 }
 
 LoopStats SocketLoop::stats() const {

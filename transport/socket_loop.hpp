@@ -17,11 +17,12 @@
 //   the queue needs no socket per sender and is drained whole per wakeup.
 // - linger = 0; polls wait at most until the next tick, never forever.
 // - stop(): ctx.shutdown() (every zmq call on the loop thread returns ETERM)
-//   -> join the thread (it closes its sockets) -> ctx.close().
+//   -> join the thread (it closes its sockets) -> ctx.close() (which waits
+//   for queued frames up to the linger that flush() set).
 // - Handlers run on the loop thread and must not block (anon_send is fine)
 //   nor call stop(); an exception from a handler is logged and the loop
-//   goes on. Frames still queued when the loop stops are dropped (linger 0):
-//   a protocol that needs a last word waits for its answer before stopping.
+//   goes on. Frames still queued when the loop stops are dropped (linger 0)
+//   unless flush() came first.
 //
 // Server sockets are ROUTERs that bind (peers are told apart by the identity
 // frame ZeroMQ adds); client sockets are DEALERs that connect and reconnect
@@ -112,6 +113,13 @@ class SocketLoop {
   size_t max_frame_bytes() const { return options_.max_frame_bytes; }
   std::string name(SocketId socket) const;  // its options' name, else its endpoint
   void log(const std::string& line) const;
+
+  // Any thread. Before stop(), for a last word: waits until every frame
+  // queued by send() before the call has been handed to its socket, and lets
+  // the sockets linger up to `timeout` when stop() closes them, so those
+  // frames can still leave. False when the loop is not running or the
+  // outbox did not drain within `timeout`.
+  bool flush(std::chrono::milliseconds timeout);
 
   // Idempotent; after it, send() refuses.
   void stop();

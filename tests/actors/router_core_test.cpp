@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "model/tokenizer.hpp"
 #include "test_utils.hpp"
 
@@ -249,6 +251,40 @@ TEST(RouterCore, CancelAndVanishedClientsEndTheirRequestsOnce) {
   RouterOutput late;
   r.on_events({token(acc[0].request_id, 5)}, 9, late);
   EXPECT_TRUE(late.replies.empty());
+}
+
+TEST(RouterCore, AbortAllEndsEveryOpenJobWithTheErrorAndItsTextSoFar) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  r.on_submit("a", text_job(7, "x"), 0, out);  // will be streaming
+  r.on_submit("b", text_job(3, "y"), 0, out);  // still queued
+  r.on_submit("b", text_job(4, "z"), 0, out);  // done before the abort
+  const auto acc = of<Accepted>(out);
+  ASSERT_EQ(acc.size(), 3u);
+  RouterOutput ev;
+  r.on_events({scheduled(acc[0].request_id), token(acc[0].request_id, 40), scheduled(acc[2].request_id),
+               finished(acc[2].request_id, core::FinishReason::kLength)},
+              2, ev);
+  r.begin_shutdown();
+  RouterOutput ab;
+  EXPECT_EQ(r.abort_all("stopped", 9, ab), 2u);
+  EXPECT_TRUE(r.idle());
+  ASSERT_EQ(ab.replies.size(), 2u);
+  std::map<std::string, Finished> by_client;
+  for (const Reply& reply : ab.replies) by_client[reply.client] = std::get<Finished>(reply.message);
+  EXPECT_EQ(by_client["a"].tag, 7u);
+  EXPECT_EQ(by_client["a"].finish_reason, core::FinishReason::kError);
+  EXPECT_EQ(by_client["a"].error, "stopped");
+  EXPECT_EQ(by_client["a"].usage.completion_tokens, 1);
+  EXPECT_EQ(by_client["b"].tag, 3u);
+  EXPECT_EQ(by_client["b"].usage.completion_tokens, 0);
+  ASSERT_EQ(ab.commands.size(), 2u) << "the batcher frees both";
+  for (const auto& cmd : ab.commands)
+    EXPECT_EQ(std::get<FinishCommand>(cmd).reason, core::FinishReason::kCancelled);
+  RouterOutput again;
+  EXPECT_EQ(r.abort_all("stopped", 10, again), 0u);
+  r.on_events({token(acc[1].request_id, 5)}, 11, again);
+  EXPECT_TRUE(again.replies.empty()) << "nothing after the end";
 }
 
 TEST(RouterCore, ShuttingDownRefusesNewJobs) {

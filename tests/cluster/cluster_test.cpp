@@ -402,6 +402,27 @@ TEST(Cluster, SigtermFinishesInFlightJobsThenExitsZero) {
   EXPECT_NE(r.status, 0);
 }
 
+// A head that stops answering (SIGSTOP): after --timeout of silence submit
+// writes an error line for every job still open and exits 1.
+TEST(Cluster, SubmitGivesEveryOpenJobAnErrorLineWhenTheHeadFallsSilent) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 5, 8, 3);
+  Head head(dir, "head", {"--workers", "1"});
+  ASSERT_TRUE(head.wait_workers(1));
+  head.proc->signal(SIGSTOP);
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"), {"--timeout", "2"});
+  const auto st = submit->wait(seconds(60));
+  head.proc->signal(SIGCONT);
+  ASSERT_EQ(st, std::optional<int>(1)) << submit->log();
+  const auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 5u) << "a line for every job";
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i]["id"], i);
+    EXPECT_EQ(out[i]["error"], "no answer from the head at " + head.listen + " for 2 s") << out[i];
+  }
+}
+
 // A network namespace with its own veth pair: a host as far as the network
 // goes. Addresses from the benchmarking range 198.18.0.0/15; traffic stays on
 // the pair this test made. Removed (with the pair) when the object dies.

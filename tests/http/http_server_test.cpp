@@ -421,3 +421,71 @@ TEST(HttpFront, BatchesStopsAndLogprobsMeanWhatOpenAiSays) {
   }
   EXPECT_EQ(joined, text);
 }
+
+// Past --drain-timeout the jobs still open end with an error each client
+// sees: a stream gets the error and [DONE], `troupe submit` an error line per
+// job (and exits 1 at once, not after its own 120 s of silence).
+TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
+  using std::chrono::seconds;
+  ServeProcess serve({"--drain-timeout", "1", "--max-num-seqs", "1"});
+  troupe::test::TempDir dir;
+  {
+    // One at a time, 32 x 500 tokens: far more work than the drain allows.
+    std::ofstream jobs(dir.file("jobs.jsonl"));
+    for (int i = 0; i < 32; ++i)
+      jobs << json{{"id", i}, {"prompt", "Hello"}, {"max_tokens", 500}, {"ignore_eos", true}}.dump() << "\n";
+  }
+  troupe::test::Process submit({troupe::test::troupe_bin(), "submit", "--to", serve.zmq(), "--input",
+                                dir.file("jobs.jsonl"), "--output", dir.file("out.jsonl"), "--quiet"},
+                               dir.file("submit.log"));
+  auto status = [&] {
+    auto r =
+        run_command(shell_quote(troupe::test::troupe_bin()) + " status --json --to " + serve.zmq(), false);
+    return r.status == 0 ? json::parse(r.output) : json{};
+  };
+  ASSERT_TRUE(troupe::test::eventually(
+      [&] {
+        const json s = status();
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 32;
+      },
+      seconds(60)));
+  const std::string body =
+      R"({"model":"tiny","prompt":"Hi","max_tokens":400,"ignore_eos":true,"stream":true})";
+  troupe::test::Process stream(
+      {"curl", "-sN", serve.url() + "/v1/completions", "-H", "Content-Type: application/json", "-d", body},
+      dir.file("stream.txt"));
+  ASSERT_TRUE(troupe::test::eventually(
+      [&] {
+        const json s = status();
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 33;
+      },
+      seconds(60)))
+      << stream.log();
+
+  const auto stop_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(serve.stop(), 0) << serve.log();
+  EXPECT_EQ(submit.wait(seconds(60)), std::optional<int>(1)) << submit.log();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_at, seconds(30))
+      << "nobody waited for the clients' timeouts";
+  EXPECT_NE(serve.log().find("job(s) unfinished"), std::string::npos) << serve.log();
+
+  const std::string why = "the server stopped before this job finished (--drain-timeout 1 s ran out)";
+  std::ifstream out(dir.file("out.jsonl"));
+  int lines = 0, ended = 0;
+  for (std::string line; std::getline(out, line); ++lines) {
+    const json j = json::parse(line);
+    if (j.contains("error")) {
+      EXPECT_EQ(j["error"], why) << line;
+      ++ended;
+    } else {
+      EXPECT_EQ(j["finish_reason"], "length") << line;
+    }
+  }
+  EXPECT_EQ(lines, 32) << "a line for every job";
+  EXPECT_GE(ended, 20);
+
+  ASSERT_EQ(stream.wait(seconds(30)), std::optional<int>(0)) << stream.log();
+  const std::string sse = stream.log();
+  EXPECT_NE(sse.find(why), std::string::npos) << sse;
+  EXPECT_EQ(sse.substr(sse.size() - std::string("data: [DONE]\n\n").size()), "data: [DONE]\n\n") << sse;
+}

@@ -261,6 +261,24 @@ TEST(SocketLoop, OptionsThatCannotWorkAreRefusedUpFront) {
   EXPECT_THROW(SocketLoop{zero}, std::invalid_argument);
 }
 
+// A server's last word: frames queued before flush() reach the peer even
+// though stop() follows at once (without it, linger 0 drops what is queued).
+TEST(SocketLoop, FlushThenStopDeliversEverythingQueuedBefore) {
+  Endpoint server(server_on_loopback());
+  server.loop.start();
+  Endpoint client(client_of(server.loop.endpoint(server.id)));
+  client.loop.start();
+  ASSERT_TRUE(client.loop.send_message(client.id, "", Cancel{1}));
+  std::get<Cancel>(server.next());
+  const int kFrames = 3000;
+  for (int i = 0; i < kFrames; ++i)
+    ASSERT_TRUE(server.loop.send_message(server.id, server.last_peer, Accepted{uint64_t(i), 0}));
+  EXPECT_TRUE(server.loop.flush(test::kPatience));
+  server.loop.stop();
+  for (int i = 0; i < kFrames; ++i) ASSERT_EQ(std::get<Accepted>(client.next()).tag, uint64_t(i));
+  EXPECT_FALSE(server.loop.flush(std::chrono::milliseconds(10))) << "not running any more";
+}
+
 TEST(SocketLoop, StopIsIdempotentAndSendsAfterItAreRefused) {
   Endpoint server(server_on_loopback());
   server.loop.start();
