@@ -65,6 +65,7 @@ int run_head(const HeadOptions& o) {
   HttpOptions http_opts = o.http;
   if (http_opts.model_name.empty()) http_opts.model_name = served_model_name(o.model_dir);
   http_opts.max_model_len = cfg.n_positions;
+  http_opts.max_queue = o.max_queue;
   auto metrics =
       std::make_shared<MetricsCollector>(MetricsCollectorOptions{http_opts.model_name, cfg.n_positions});
   std::unique_ptr<HttpFront> http;

@@ -1,6 +1,9 @@
 #include "cluster/http_front.hpp"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -26,6 +29,58 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using openai::ApiError;
+
+// The connection of one HTTP request, watched for the client hanging up.
+// cpp-httplib 0.11.4 shows a handler neither its socket nor whether the
+// client is still there (only a streaming response's sink knows): the socket
+// is found once among the process's descriptors by its two addresses, the
+// ones the request names, and polled for a hangup. Not found: never gone.
+class PeerWatch {
+ public:
+  explicit PeerWatch(const httplib::Request& req) {
+    DIR* fds = ::opendir("/proc/self/fd");
+    if (!fds) return;
+    while (const dirent* e = ::readdir(fds)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd > 2 && same_socket(fd, req)) {
+        fd_ = fd;
+        break;
+      }
+    }
+    ::closedir(fds);
+  }
+  // The client closed (or reset) the connection.
+  bool gone() const {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
+ private:
+  static bool address_is(const sockaddr_storage& a, const std::string& ip, int port) {
+    char text[INET6_ADDRSTRLEN] = {};
+    int p = -1;
+    if (a.ss_family == AF_INET) {
+      const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+      ::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text);
+      p = ntohs(v4.sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+      ::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text);
+      p = ntohs(v6.sin6_port);
+    }
+    return p == port && ip == text;
+  }
+  static bool same_socket(int fd, const httplib::Request& req) {
+    sockaddr_storage local{}, peer{};
+    socklen_t n = sizeof local, m = sizeof peer;
+    return ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n) == 0 &&
+           ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &m) == 0 &&
+           address_is(peer, req.remote_addr, req.remote_port) &&
+           address_is(local, req.local_addr, req.local_port);
+  }
+  int fd_ = -1;
+};
 
 // One HTTP request's replies from the router, in order.
 struct Mailbox {
@@ -139,6 +194,7 @@ struct HttpFront::Impl {
   int64_t started_unix = 0;
   std::mutex workers_mu;
   int32_t known_workers = 0;
+  bool known_draining = false;  // the router refuses new jobs (SIGTERM)
   Clock::time_point known_at{};
 
   Impl(const HttpOptions& o, const model::Tokenizer& t, std::shared_ptr<MetricsCollector> m)
@@ -194,8 +250,14 @@ struct HttpFront::Impl {
     auto st = status();
     std::lock_guard<std::mutex> lock(workers_mu);
     known_workers = st ? st->router.workers : 0;
+    known_draining = st && st->router.shutting_down;
     known_at = Clock::now();
     return known_workers;
+  }
+  // Whether the router is draining, as of the last workers().
+  bool draining() {
+    std::lock_guard<std::mutex> lock(workers_mu);
+    return known_draining || stopping;
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
@@ -229,6 +291,15 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   auto request =
       std::make_shared<openai::CompletionRequest>(std::move(std::get<openai::CompletionRequest>(parsed)));
+  if (request->jobs.size() > static_cast<size_t>(options.max_queue)) {
+    // Not 429: it would be refused however long the client waited.
+    return send_error(res, ApiError{400,
+                                    "this request asks for " + std::to_string(request->jobs.size()) +
+                                        " sequences (prompts x n) but the server queues at most " +
+                                        std::to_string(options.max_queue) +
+                                        " (--max-queue): send fewer prompts or a smaller n",
+                                    "invalid_request_error", "n", ""});
+  }
   if (workers() == 0) {
     return send_error(
         res, ApiError{503, "no worker has joined this server yet; try again when GET /health says ok",
@@ -275,9 +346,12 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
 
   if (!request->stream) {
     for (auto& m : early) apply(m);
+    const PeerWatch peer(req);
     while (!builder->done()) {
       if (stopping) return send_error(res, ApiError{503, "the server is stopping", "server_error", "", ""});
-      if (auto m = session->box->pop(std::chrono::milliseconds(500))) apply(*m);
+      // A client that hung up: the session's end cancels its jobs (as a stream's does).
+      if (peer.gone()) return send_error(res, ApiError{499, "the client closed the connection", "", "", ""});
+      if (auto m = session->box->pop(std::chrono::milliseconds(100))) apply(*m);
     }
     session->jobs_open = false;
     if (builder->failure()) return send_error(res, *builder->failure());
@@ -335,7 +409,9 @@ void HttpFront::Impl::install_routes() {
   });
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const int32_t n = workers();
-    send_json(res, n > 0 ? 200 : 503, json{{"status", n > 0 ? "ok" : "no workers"}, {"workers", n}});
+    // Draining (SIGTERM): 503, so that a load balancer sends new work elsewhere.
+    const char* state = draining() ? "draining" : n > 0 ? "ok" : "no workers";
+    send_json(res, std::string(state) == "ok" ? 200 : 503, json{{"status", state}, {"workers", n}});
   });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     auto st = status();

@@ -44,6 +44,7 @@ struct HttpOptions {
   int32_t threads = 128;   // connections served at once (more wait to be accepted); >= 4
   std::string model_name;  // the served model's name ("model" in requests and responses)
   int32_t max_model_len = 1024;              // reported by /v1/models
+  int32_t max_queue = 1024;                  // the router's: a request of more sequences could never start
   size_t max_body_bytes = size_t{16} << 20;  // larger request bodies get 413
   int32_t keep_alive_s = 2;                  // an idle kept-alive connection is closed after this
 };

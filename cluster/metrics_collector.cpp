@@ -75,7 +75,10 @@ void MetricsCollector::observe(const actors::Reply& reply, int64_t now_ns) {
 void MetricsCollector::forget(const std::string& client) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = last_token_ns_.lower_bound({client, 0});
-  while (it != last_token_ns_.end() && it->first.first == client) it = last_token_ns_.erase(it);
+  while (it != last_token_ns_.end() && it->first.first == client) {
+    it = last_token_ns_.erase(it);
+    finished_["cancelled"] += 1;  // the router cancels what a vanished client leaves
+  }
 }
 
 size_t MetricsCollector::tracked() const {

@@ -34,7 +34,8 @@ class MetricsCollector {
 
   // One reply of the router, as it leaves; now_ns on a steady clock.
   void observe(const actors::Reply& reply, int64_t now_ns);
-  // The client is gone (its jobs end without a Finished): forget its requests.
+  // The client is gone (its jobs end without a Finished): forget its
+  // requests, counted as finished with reason "cancelled".
   void forget(const std::string& client);
   // The whole exposition: what was observed, and `status`'s gauges and counters.
   std::string render(const actors::StatusReport& status) const;

@@ -157,10 +157,30 @@ TEST(HttpFront, ErrorsComeWithTheirStatusInOpenAisShape) {
 }
 
 TEST(HttpFront, AFullQueueIs429AndNoWorkerIs503) {
-  ServeProcess busy({"--max-queue", "0"});
-  const HttpReply r = curl(busy.url() + "/v1/completions", std::string(kGreedy8) + "}");
-  EXPECT_EQ(r.status, 429) << r.body;
-  EXPECT_EQ(parse(r)["error"]["code"], "busy");
+  {
+    // One running, one waiting (the queue's one place): the next is busy.
+    ServeProcess busy({"--max-queue", "1", "--max-num-seqs", "1"});
+    troupe::test::TempDir dir;
+    const std::string slow =
+        R"({"model":"tiny","prompt":"Hello","max_tokens":500,"ignore_eos":true,"stream":true})";
+    std::vector<std::unique_ptr<troupe::test::Process>> held;
+    for (const char* name : {"running.txt", "waiting.txt"})
+      held.push_back(std::make_unique<troupe::test::Process>(
+          std::vector<std::string>{"curl", "-sN", busy.url() + "/v1/completions", "-H",
+                                   "Content-Type: application/json", "-d", slow},
+          dir.file(name)));
+    ASSERT_TRUE(troupe::test::eventually(
+        [&] {
+          const std::string text = curl(busy.url() + "/metrics").body;
+          return metric(text, "troupe:num_requests_running") == 1 &&
+                 metric(text, "troupe:num_requests_waiting") == 1;
+        },
+        std::chrono::seconds(60)));
+    const HttpReply r = curl(busy.url() + "/v1/completions", std::string(kGreedy8) + "}");
+    EXPECT_EQ(r.status, 429) << r.body;
+    EXPECT_EQ(parse(r)["error"]["code"], "busy");
+    for (auto& p : held) p->signal(SIGKILL);
+  }
 
   ServeProcess none({"--workers", "0"});
   const HttpReply h = curl(none.url() + "/health");
@@ -283,7 +303,9 @@ TEST(HttpFront, AClientThatLeavesMidStreamIsCancelled) {
   }
   EXPECT_EQ(metric(text, "troupe:num_requests_running"), 0) << text;
   EXPECT_EQ(metric(text, "troupe:kv_cache_usage_perc"), 0) << text;
-  EXPECT_EQ(metric(text, "troupe:request_success_total"), 0) << "it never finished";
+  EXPECT_EQ(metric(text, "troupe:request_success_total"), 1) << "it ended once";
+  EXPECT_EQ(metric(text, R"(troupe:request_success_total{model_name="tiny",finished_reason="cancelled"})"), 1)
+      << "as cancelled: " << text;
   const double generated = metric(text, "troupe:generation_tokens_total");
   EXPECT_GE(generated, 3);
   EXPECT_LT(generated, 500) << "cancelled, not run to max_tokens";
@@ -427,12 +449,12 @@ TEST(HttpFront, BatchesStopsAndLogprobsMeanWhatOpenAiSays) {
 // job (and exits 1 at once, not after its own 120 s of silence).
 TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   using std::chrono::seconds;
-  ServeProcess serve({"--drain-timeout", "1", "--max-num-seqs", "1"});
+  ServeProcess serve({"--drain-timeout", "4", "--max-num-seqs", "1"});
   troupe::test::TempDir dir;
   {
-    // One at a time, 32 x 500 tokens: far more work than the drain allows.
+    // One at a time, 64 x 500 tokens (0.3-1 ms a token): far more work than the drain allows.
     std::ofstream jobs(dir.file("jobs.jsonl"));
-    for (int i = 0; i < 32; ++i)
+    for (int i = 0; i < 64; ++i)
       jobs << json{{"id", i}, {"prompt", "Hello"}, {"max_tokens", 500}, {"ignore_eos", true}}.dump() << "\n";
   }
   troupe::test::Process submit({troupe::test::troupe_bin(), "submit", "--to", serve.zmq(), "--input",
@@ -446,7 +468,7 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   ASSERT_TRUE(troupe::test::eventually(
       [&] {
         const json s = status();
-        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 32;
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 64;
       },
       seconds(60)));
   const std::string body =
@@ -457,19 +479,27 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   ASSERT_TRUE(troupe::test::eventually(
       [&] {
         const json s = status();
-        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 33;
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 65;
       },
       seconds(60)))
       << stream.log();
 
   const auto stop_at = std::chrono::steady_clock::now();
-  EXPECT_EQ(serve.stop(), 0) << serve.log();
+  serve.signal(SIGTERM);
+  // Draining: a load balancer must send new work elsewhere.
+  EXPECT_TRUE(troupe::test::eventually(
+      [&] {
+        const HttpReply h = curl(serve.url() + "/health", "", "--max-time 2");
+        return h.status == 503 && h.body.find("\"draining\"") != std::string::npos;
+      },
+      seconds(30)));
+  EXPECT_EQ(serve.wait(seconds(60)), std::optional<int>(0)) << serve.log();
   EXPECT_EQ(submit.wait(seconds(60)), std::optional<int>(1)) << submit.log();
   EXPECT_LT(std::chrono::steady_clock::now() - stop_at, seconds(30))
       << "nobody waited for the clients' timeouts";
   EXPECT_NE(serve.log().find("job(s) unfinished"), std::string::npos) << serve.log();
 
-  const std::string why = "the server stopped before this job finished (--drain-timeout 1 s ran out)";
+  const std::string why = "the server stopped before this job finished (--drain-timeout 4 s ran out)";
   std::ifstream out(dir.file("out.jsonl"));
   int lines = 0, ended = 0;
   for (std::string line; std::getline(out, line); ++lines) {
@@ -481,11 +511,49 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
       EXPECT_EQ(j["finish_reason"], "length") << line;
     }
   }
-  EXPECT_EQ(lines, 32) << "a line for every job";
-  EXPECT_GE(ended, 20);
+  EXPECT_EQ(lines, 64) << "a line for every job";
+  EXPECT_GE(ended, 1);
 
   ASSERT_EQ(stream.wait(seconds(30)), std::optional<int>(0)) << stream.log();
   const std::string sse = stream.log();
   EXPECT_NE(sse.find(why), std::string::npos) << sse;
   EXPECT_EQ(sse.substr(sse.size() - std::string("data: [DONE]\n\n").size()), "data: [DONE]\n\n") << sse;
+}
+
+// A request of more sequences (prompts x n) than --max-queue could never
+// start: 400 naming n, not a 429 that a client would retry for ever.
+TEST(HttpFront, MoreSequencesThanTheQueueHoldsIsABadRequest) {
+  ServeProcess serve({"--max-queue", "2"});
+  const std::string url = serve.url() + "/v1/completions";
+  const HttpReply big = curl(url, R"({"model":"tiny","prompt":"a","max_tokens":2,"n":3})");
+  EXPECT_EQ(big.status, 400) << big.body;
+  const json e = parse(big);
+  EXPECT_EQ(e["error"]["param"], "n") << big.body;
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("at most 2 (--max-queue)"), std::string::npos)
+      << big.body;
+  const HttpReply two = curl(url, R"({"model":"tiny","prompt":["a","b"],"max_tokens":2})");
+  EXPECT_EQ(two.status, 200) << two.body;
+}
+
+// A client of a plain (not streamed) completion that hangs up: its jobs are
+// cancelled within moments, not run to the end for nobody.
+TEST(HttpFront, AClientThatHangsUpBeforeItsAnswerIsCancelled) {
+  using std::chrono::seconds;
+  ServeProcess serve({"--max-num-seqs", "1"});  // one at a time: ~256 x 500 tokens, minutes of work
+  const std::string body = R"({"model":"tiny","prompt":"Hello","max_tokens":500,"ignore_eos":true,"n":256})";
+  const HttpReply cut = curl(serve.url() + "/v1/completions", body, "--max-time 1");
+  EXPECT_EQ(cut.status, 0) << "curl gave up before the answer: " << cut.body;
+  std::string text;
+  const bool idle = troupe::test::eventually(
+      [&] {
+        text = curl(serve.url() + "/metrics").body;
+        return metric(text, "troupe:num_requests_running") == 0 &&
+               metric(text, "troupe:num_requests_waiting") == 0;
+      },
+      seconds(20));
+  EXPECT_TRUE(idle) << text;
+  const double cancelled =
+      metric(text, R"(troupe:request_success_total{model_name="tiny",finished_reason="cancelled"})");
+  EXPECT_GE(cancelled, 200) << text;
+  EXPECT_EQ(metric(text, "troupe:request_success_total"), 256) << text;
 }

@@ -145,7 +145,7 @@ TEST(MetricsCollector, StatusGivesPerWorkerGaugesAndCounters) {
   EXPECT_NE(text.find("node=\"host\\\"b\""), std::string::npos) << "label values are escaped";
 }
 
-TEST(MetricsCollector, AVanishedClientIsForgotten) {
+TEST(MetricsCollector, AVanishedClientIsForgottenItsRequestsCancelled) {
   MetricsCollector m({"gpt2", 1024});
   m.observe({"h1", transport::Accepted{1, 1}}, 0);
   m.observe({"h1", transport::Accepted{2, 2}}, 0);
@@ -153,6 +153,10 @@ TEST(MetricsCollector, AVanishedClientIsForgotten) {
   EXPECT_EQ(m.tracked(), 3u);
   m.forget("h1");
   EXPECT_EQ(m.tracked(), 1u) << "h10 is another client";
+  m.forget("h1");  // nothing left to count
+  const std::string text = m.render(actors::StatusReport{});
+  EXPECT_EQ(sample(text, "troupe:request_success_total{model_name=\"gpt2\",finished_reason=\"cancelled\"}"),
+            2);
 }
 
 // promtool (Prometheus' own parser and linter) on a full exposition; skipped

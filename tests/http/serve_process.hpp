@@ -75,6 +75,8 @@ class ServeProcess {
   std::string zmq() const { return fields_.at("listen"); }
   std::string worker_listen() const { return fields_.at("worker_listen"); }
   std::string log() const { return proc_->log(); }
+  void signal(int sig) const { proc_->signal(sig); }
+  std::optional<int> wait(std::chrono::milliseconds timeout) { return proc_->wait(timeout); }
   // SIGTERM, then the exit status (128 + signal if it had to be killed).
   int stop() {
     if (auto st = proc_->wait(std::chrono::milliseconds(0))) return *st;
