@@ -6,7 +6,7 @@
 #
 #   bash scripts/setup.sh            # everything
 #   SKIP_MODEL=1 bash scripts/setup.sh   # no default model (tests make their own)
-#   SKIP_TOOLS=1 bash scripts/setup.sh   # no promtool / openai and tiktoken npm packages (their tests then skip)
+#   SKIP_TOOLS=1 bash scripts/setup.sh   # no promtool, qemu-user, openai and tiktoken npm packages (their tests skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -64,7 +64,7 @@ printf "%s  %s\n%s  %s\n" 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed225
 # promtool, taken out of Debian's prometheus package without installing it
 # (the package would start a Prometheus server on systemd machines; this
 # takes ~10 s and 48 MB), and the official openai npm package, pinned, for
-# the black-box tests of the HTTP front, and tiktoken, for the tokenizer's.
+# the black-box tests of the HTTP front, and tiktoken, for the tokenizer's; qemu-user from Debian.
 TOOLS_DIR="$ROOT/.tools"
 if [ -z "${SKIP_TOOLS:-}" ]; then
   if [ ! -x "$TOOLS_DIR/bin/promtool" ]; then
@@ -76,6 +76,14 @@ if [ -z "${SKIP_TOOLS:-}" ]; then
     mkdir -p "$TOOLS_DIR/bin"
     mv "$tmp/usr/bin/promtool" "$TOOLS_DIR/bin/promtool"
     rm -rf "$tmp"
+  fi
+  # QEMU's user-mode emulator: the portability tests run this build as on an AVX2-only CPU and on the
+  # x86-64-v2 baseline (tests/cli/portability_test.cpp).
+  if ! command -v qemu-x86_64 >/dev/null 2>&1; then
+    log "qemu-user (the portability tests' emulated CPUs)"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q --no-install-recommends qemu-user >/dev/null \
+      || { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends qemu-user >/dev/null; }
   fi
   # pinned: openai 7.x needs Node >= 22; tiktoken 1.0.22 (OpenAI's tokenizer, Rust compiled to WASM) is
   # the reference of the tokenizer's differential tests, with Unicode 16's tables (tests/model/tokenizer_reference_test.cpp)
