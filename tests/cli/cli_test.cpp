@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "jsonl.hpp"
 #include "test_utils.hpp"
 
 using nlohmann::json;
@@ -41,13 +42,7 @@ json run_json(const std::string& args) {
   return json::parse(r.output);
 }
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<json> out;
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
-}
+using troupe::test::read_jsonl;
 
 }  // namespace
 

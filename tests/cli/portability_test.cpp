@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "jsonl.hpp"
 #include "test_utils.hpp"
 #include "tiny_model.hpp"
 
@@ -30,13 +31,7 @@ std::string under(const std::string& cpu) {
          shell_quote(troupe::test::troupe_bin());
 }
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
+using troupe::test::read_jsonl;
 
 class Portability : public testing::TestWithParam<std::pair<std::string, std::string>> {};
 

@@ -17,6 +17,7 @@
 #include "cluster/client.hpp"
 #include "cluster/emulated_worker.hpp"
 #include "cluster/sim/cost_profile.hpp"
+#include "jsonl.hpp"
 #include "process.hpp"
 #include "test_utils.hpp"
 #include "tiny_model.hpp"
@@ -29,14 +30,6 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
 
 // Jobs of every kind: greedy and seeded sampled (explicit seeds, so the
 // output does not depend on who drew a seed), text and id prompts, lengths
