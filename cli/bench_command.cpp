@@ -235,17 +235,17 @@ void add_bench_command(CLI::App& app, Registry& registry) {
   sub->add_option("--request-rate", f->rates,
                   "Requests per second (gamma arrivals), inf = all at once; a comma list runs a sweep");
   sub->add_option("--burstiness", f->burstiness, "Gamma shape of the gaps: 1 = Poisson, < 1 burstier")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--max-concurrency", f->load.max_concurrency, "Requests in flight at most (0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   auto* in = sub->add_option("--random-input-len", f->input_len, "Random dataset: prompt tokens")
-                 ->check(CLI::PositiveNumber);
+                 ->check(positive_number());
   sub->add_option("--random-output-len", f->output_len, "Random dataset: output tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--range-ratio", f->range_ratio, "Random dataset: lengths uniform in [L(1-X), L(1+X)]")
       ->check(CLI::Range(0.0, 0.999999));
   sub->add_option("--vocab-size", f->vocab_size, "Random dataset: prompt ids drawn from [0, N)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   auto* ds = sub->add_option("--dataset", f->dataset,
                              "JSON lines: {\"prompt\": text | \"prompt_ids\": [ids], \"max_tokens\": N}");
   ds->excludes(in);
@@ -253,7 +253,7 @@ void add_bench_command(CLI::App& app, Registry& registry) {
   sub->add_option("--metric-percentiles", f->percentiles, "Percentiles to report, e.g. 50,90,99");
   sub->add_option("--seed", f->seed, "Seed of arrivals, lengths and prompts (same seed, same requests)");
   sub->add_option("--timeout", f->timeout_s, "Seconds of silence after which a request fails")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--json", f->json_out, "Write vLLM's result JSON (and every request's timings) here");
   sub->add_option("--plot", f->plot_dir, "Draw latency CDFs and throughput over time (PNG + SVG) here");
   sub->add_flag("--quiet", f->quiet, "No progress bar");

@@ -114,11 +114,11 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--devices", f->devices, "Local workers, one per device: cpu or cuda:0,cuda:1");
     sub->add_option("--threads-per-worker", h.threads_per_worker,
                     "Threads of each local worker (0 = the usable CPUs split among them)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     add_scheduler_flags(*sub, f->sched);
     sub->add_option("--max-queue", h.max_queue,
                     "Jobs waiting to start at most; past it a job gets 'busy' at once")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     sub->add_option("--placement", f->placement, "round-robin | least-loaded | prefix-affinity");
     sub->add_option("--step-log", h.step_log,
                     "Write every step the workers run to this file, one JSON line each (for troupe profile "
@@ -132,7 +132,7 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
            "--drain-timeout", f->drain_timeout_s,
            "At SIGTERM: seconds in-flight jobs may take; then (or at a second signal) the jobs still "
            "open end with an error their clients see")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     sub->add_option("--http", h.http.listen,
                     "Also serve OpenAI's completions API over HTTP at HOST:PORT, e.g. 127.0.0.1:8000 "
                     "(port 0 = any free port)");
@@ -158,22 +158,22 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--devices", f->devices, "Workers, one per device: cpu or cuda:0,cuda:1");
     sub->add_option("--threads-per-worker", n.threads_per_worker,
                     "Threads of each worker (0 = split the CPUs)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     sub->add_option("--kv-memory", n.kv_memory, "KV cache memory per worker, e.g. 2GiB");
     sub->add_option("--num-blocks", n.num_blocks, "KV blocks per worker (overrides --kv-memory)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_number());
     sub->add_option("--block-size", n.block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
     sub->add_option("--emulate", n.emulate,
                     "Emulate the workers with this cost profile (troupe profile): no model runs, each step "
                     "waits its predicted time")
         ->check(CLI::ExistingFile);
     sub->add_option("--emulate-time-scale", n.emulate_time_scale, "Multiply the emulated step times")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_number());
     sub->add_option("--name", n.name, "This node's name in the head's status (default host:pid)");
     sub->add_option("--max-frame-bytes", n.max_frame_bytes, "Largest frame accepted");
     sub->add_option("--drain-timeout", f->drain_timeout_s,
                     "At SIGTERM: leave after this many seconds at most")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     sub->add_option("--curve-secret-key", f->secret_key,
                     "CurveZMQ: this node's secret key file (troupe keygen)");
     sub->add_option("--curve-server-key", f->server_key,

@@ -33,6 +33,11 @@ std::string default_tokenizer_dir();
 // "cpu", "cuda", "cuda:1" -> a device; std::invalid_argument on junk or when CUDA is absent.
 c10::Device parse_device(const std::string& text);
 
+// Flag checks with plain messages ("must be > 0, got 0"; CLI11 2.1's own
+// PositiveNumber prints its range as a 300-digit number). Finite numbers only.
+const CLI::Validator& positive_number();
+const CLI::Validator& non_negative_number();
+
 // "1,2,3" -> ids; throws std::invalid_argument naming the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text);
 

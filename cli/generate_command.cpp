@@ -245,13 +245,14 @@ void add_generate_command(CLI::App& app, Registry& registry) {
       ->required();
   sub->add_option("--prompt", f->prompt, "Prompt text");
   sub->add_option("--prompt-ids", f->prompt_ids, "Prompt as token ids, e.g. 15496,995");
-  sub->add_option("--max-tokens", f->max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  sub->add_option("--max-tokens", f->max_tokens, "Tokens to generate at most")->check(positive_number());
   sub->add_option("--mode", f->mode,
                   "naive: recompute everything each step, O(N^2); kv: contiguous KV cache, O(N); "
                   "paged: the serving engine (paged KV, scheduler)")
       ->check(CLI::IsMember({"naive", "kv", "paged"}));
-  sub->add_option("--temperature", f->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", f->temperature, "0 = greedy")->check(non_negative_number());
+  sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(non_negative_number());
   sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1] (1 = off)")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", f->seed, "Random seed (same seed, same text)");
   sub->add_option("--stop", f->stop, "Stop string (repeatable); the text ends before it");

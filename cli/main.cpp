@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   troupe::model::ThreadOptions threads;
   app.add_option("--threads", threads.intra_op_threads,
                  "Intra-op threads for the model (0 = all CPUs; env TROUPE_THREADS)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(troupe::cli::non_negative_number());
 
   troupe::cli::Registry registry;
   troupe::cli::add_model_commands(app, registry);
@@ -57,6 +57,17 @@ int main(int argc, char** argv) {
   troupe::cli::add_bench_command(app, registry);
   troupe::cli::add_simulate_command(app, registry);
 
+  // The global flags may come after the command too ("troupe serve --threads 1 ...").
+  bool known = false;
+  const std::string name = subcommand_of(argc, argv);
+  for (CLI::App* sub : app.get_subcommands({})) {
+    sub->fallthrough();
+    known = known || sub->check_name(name);
+  }
+  if (!name.empty() && !known) {
+    std::fprintf(stderr, "troupe: no command '%s' (`troupe --help` lists them)\n", name.c_str());
+    return 109;  // CLI11's exit status for arguments it did not expect
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,4 +1,5 @@
 // init-model, download, tokenize, detokenize.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -58,6 +59,31 @@ std::string default_tokenizer_dir() {
   return TROUPE_DEFAULT_TOKENIZER_DIR;
 }
 
+namespace {
+
+CLI::Validator number_check(bool (*ok)(double), const std::string& rule) {
+  return CLI::Validator(
+      [ok, rule](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v))
+          return "must be a number, got '" + text + "'";
+        return ok(v) ? std::string() : "must be " + rule + ", got " + text;
+      },
+      rule);
+}
+
+}  // namespace
+
+const CLI::Validator& positive_number() {
+  static const CLI::Validator v = number_check([](double x) { return x > 0; }, "> 0");
+  return v;
+}
+
+const CLI::Validator& non_negative_number() {
+  static const CLI::Validator v = number_check([](double x) { return x >= 0; }, ">= 0");
+  return v;
+}
+
 std::vector<int32_t> parse_id_list(const std::string& text) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);
@@ -90,10 +116,10 @@ void add_model_commands(CLI::App& app, Registry& registry) {
         ->required();
     sub->add_option("--preset", o->preset, "Shape: tiny (2x2x64) or gpt2 (the real 124M shape)")
         ->check(CLI::IsMember({"tiny", "gpt2"}));
-    sub->add_option("--layers", o->layers, "Override n_layer")->check(CLI::PositiveNumber);
-    sub->add_option("--heads", o->heads, "Override n_head")->check(CLI::PositiveNumber);
-    sub->add_option("--embd", o->embd, "Override n_embd (a multiple of heads)")->check(CLI::PositiveNumber);
-    sub->add_option("--positions", o->positions, "Override n_positions")->check(CLI::PositiveNumber);
+    sub->add_option("--layers", o->layers, "Override n_layer")->check(positive_number());
+    sub->add_option("--heads", o->heads, "Override n_head")->check(positive_number());
+    sub->add_option("--embd", o->embd, "Override n_embd (a multiple of heads)")->check(positive_number());
+    sub->add_option("--positions", o->positions, "Override n_positions")->check(positive_number());
     sub->add_option("--seed", o->seed, "Random seed (same seed, same weights)");
     sub->add_option("--tokenizer", o->tokenizer, "Folder with GPT-2's vocab.json and merges.txt (default: " +
                                                      std::string(TROUPE_DEFAULT_TOKENIZER_DIR) + ")");

@@ -115,20 +115,20 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--out", f->out, "Cost profile to write (JSON)")->required();
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_flag("--quick", f->options.quick, "A small grid (tests: under a minute on the tiny model)");
   sub->add_option("--reps", f->options.reps, "Timed runs per point, summarised by --stat (0 = 5, quick 3)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option("--heldout", f->options.heldout, "Random steps held out of the fit (0 = 40, quick 8)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option("--block-size", f->options.block_size, "KV block size the scheduler will use")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--kv-tokens", f->options.max_kv_tokens,
                   "KV slots a profiled step may fill (memory: 0 = 32768, quick 4096)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option("--max-batched-tokens", f->options.max_batched_tokens,
                   "Largest step measured, in tokens (0 = 2048, quick 256)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option("--seed", f->options.seed, "Seed of the tokens and the held-out steps");
   f->stat_flag =
       sub->add_option("--stat", f->stat,

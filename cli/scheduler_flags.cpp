@@ -1,5 +1,7 @@
 #include "cli/scheduler_flags.hpp"
 
+#include "cli/command.hpp"
+
 #include "cluster/model_worker.hpp"
 #include "model/config.hpp"
 
@@ -7,14 +9,14 @@ namespace troupe::cli {
 
 void add_scheduler_flags(CLI::App& app, SchedulerFlags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Running sequences per step at most (per worker)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--max-batched-tokens", f.max_batched_tokens,
                  "Tokens per step at most (decodes + prompt chunks)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--block-size", f.block_size, "Token slots per KV block")->check(CLI::Range(1, 1024));
   app.add_option("--kv-memory", f.kv_memory, "KV cache memory per worker, e.g. 2GiB, 512MiB");
   app.add_option("--num-blocks", f.num_blocks, "KV blocks per worker (overrides --kv-memory)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_flag("--no-prefix-caching", f.no_prefix_caching, "Do not share KV blocks between equal prefixes");
   app.add_option("--seed", f.seed, "Base seed for jobs that give none");
 }

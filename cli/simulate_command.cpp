@@ -454,24 +454,24 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
   sub->add_option("--cost-scale", f->cost_scale,
                   "Multiply every predicted step time (a device this much slower; < 1: faster)");
   sub->add_option("--workers", f->workers, "Workers, each with --cost (without --cluster)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--net-latency-us", f->net_latency_us,
                   "With --workers: one-way latency to each worker (0 = local)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option("--net-bandwidth-gbps", f->net_bandwidth_gbps,
                   "With --workers: link bandwidth (0 = unlimited)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   sub->add_option(
       "--request-rate", f->request_rate,
       "Requests per second (default inf: all at once); with --trace, rescales it to this mean rate");
   sub->add_option("--num-requests", f->num_requests, "Requests to send (with --trace: the first N rows)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--burstiness", f->burstiness, "Gamma shape of the gaps between requests (1 = Poisson)");
   sub->add_option("--max-concurrency", f->max_concurrency, "Requests outstanding at most (0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--random-input-len", f->random_input_len, "Prompt tokens")->check(CLI::PositiveNumber);
+      ->check(non_negative_number());
+  sub->add_option("--random-input-len", f->random_input_len, "Prompt tokens")->check(positive_number());
   sub->add_option("--random-output-len", f->random_output_len, "Output tokens (ignore_eos)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--range-ratio", f->range_ratio, "Lengths uniform in [L(1-X), L(1+X)]")
       ->check(CLI::Range(0.0, 0.999));
   sub->add_option("--input-len-dist", f->input_dist,
@@ -482,18 +482,17 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
   sub->add_option("--trace-format", f->trace_format, "azure, burstgpt or mooncake");
   sub->add_option("--trace-time-scale", f->trace_time_scale,
                   "Multiply the trace's arrival times (0.5 = twice as fast)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--trace-block-tokens", f->trace_block_tokens, "Prompt tokens per Mooncake hash id")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--max-num-seqs", f->max_num_seqs, "Running sequences per worker")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--max-batched-tokens", f->max_batched_tokens, "Tokens per step")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
+  sub->add_option("--max-batched-tokens", f->max_batched_tokens, "Tokens per step")->check(positive_number());
   sub->add_option("--block-size", f->block_size, "KV block size (must match the cost profile)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--kv-memory", f->kv_memory, "KV memory per worker, e.g. 2GiB");
   sub->add_option("--num-blocks", f->num_blocks, "KV blocks per worker (overrides --kv-memory)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--max-steps-in-flight", f->max_steps_in_flight, "Steps outstanding per worker")
       ->check(CLI::Range(1, 8));
   sub->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
@@ -514,7 +513,7 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
                   "rate=A:B:STEP: latency against load, and the highest rate within the SLOs");
   sub->add_flag("--find-workers", f->find_workers, "The fewest workers meeting the SLOs at --request-rate");
   sub->add_option("--max-workers", f->max_workers, "Largest cluster --find-workers tries")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   sub->add_option("--goodput", f->goodput, "SLOs: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
   sub->add_option("--slo-attainment", f->slo_attainment,
                   "Fraction of requests that must meet the SLOs (0.9)");

@@ -37,7 +37,7 @@ void add_client_flags(CLI::App* sub, ClientFlags& f) {
   sub->add_option("--curve-secret-key", f.secret_key,
                   "CurveZMQ: this client's secret key file (troupe keygen)");
   sub->add_option("--timeout", f.timeout_s, "Seconds of silence from the head before giving up")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
 }
 
 cluster::ClientOptions client_options(const ClientFlags& f) {
@@ -386,9 +386,9 @@ void add_submit_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--output", f->output, "JSONL results, in input order (with --input)");
     p->excludes(i);
     transport::Submit& j = f->job;
-    sub->add_option("--max-tokens", j.max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
-    sub->add_option("--temperature", j.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-    sub->add_option("--top-k", j.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+    sub->add_option("--max-tokens", j.max_tokens, "Tokens to generate at most")->check(positive_number());
+    sub->add_option("--temperature", j.temperature, "0 = greedy")->check(non_negative_number());
+    sub->add_option("--top-k", j.top_k, "0 = off")->check(non_negative_number());
     sub->add_option("--top-p", j.top_p, "1 = off")->check(CLI::Range(0.0, 1.0));
     sub->add_option("--seed", j.seed, "Seed of the draws (default: the head picks one)");
     sub->add_option("--stop", j.stop, "Stop string (repeatable)");
@@ -397,7 +397,7 @@ void add_submit_commands(CLI::App& app, Registry& registry) {
     sub->add_flag("--ignore-eos", j.ignore_eos, "Generate past <|endoftext|>");
     sub->add_option("--priority", j.priority, "Lower runs first");
     sub->add_option("--max-in-flight", f->max_in_flight, "Jobs of --input in flight at once (0 = all)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(non_negative_number());
     sub->add_flag("--json", f->json_out, "Print the result as one JSON object (no streaming)");
     sub->add_flag("--quiet", f->quiet, "No progress bar or summary");
     registry.push_back({sub, [f] {

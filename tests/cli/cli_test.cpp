@@ -54,6 +54,26 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
+TEST(Cli, BadFlagsAndCommandsAreNamedPlainly) {
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-tokens 0", "--max-tokens: must be > 0, got 0"},
+           {"--max-tokens abc", "--max-tokens: must be a number, got 'abc'"},
+           {"--temperature inf", "--temperature: must be a number, got 'inf'"},
+           {"--temperature -1", "--temperature: must be >= 0, got -1"}}) {
+    auto r = run_command(tcmd("submit --to tcp://127.0.0.1:1 --prompt hi " + flag));
+    EXPECT_NE(r.status, 0) << flag;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flag << ": " << r.output;
+    EXPECT_LT(r.output.size(), 300u) << "no 300-digit range: " << r.output;
+  }
+  auto unknown = run_command(tcmd("nosuchcmd --x 1"));
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.output.find("no command 'nosuchcmd'"), std::string::npos) << unknown.output;
+  // The global --threads after the command as well as before it.
+  auto after = run_command(tcmd("tokenize " + model_flag() + " --threads 1 hi"), false);
+  EXPECT_EQ(after.status, 0) << after.output;
+  EXPECT_EQ(after.output, "[5303]\n");
+}
+
 TEST(Cli, InitModelWritesACompleteFolderAndWarns) {
   TempDir dir;
   auto r = run_command(tcmd("init-model --preset tiny --layers 1 --out " + shell_quote(dir.file("m")) +
