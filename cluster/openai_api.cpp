@@ -233,7 +233,18 @@ ApiError from_rejected(const transport::Rejected& r) {
     case transport::RejectCode::kInvalid:
       break;
   }
-  return ApiError{400, r.message, "invalid_request_error", "", ""};
+  // The field the router's check names (actors::admit_job's messages), as OpenAI's `param`.
+  static const std::pair<const char*, const char*> kStarts[] = {{"sampling: temperature", "temperature"},
+                                                                {"sampling: top_k", "top_k"},
+                                                                {"sampling: top_p", "top_p"},
+                                                                {"sampling: logprobs", "logprobs"},
+                                                                {"prompt", "prompt"},
+                                                                {"the prompt", "prompt"},
+                                                                {"max_tokens", "max_tokens"}};
+  std::string param = r.message.find("stop string") != std::string::npos ? "stop" : "";
+  for (const auto& [start, field] : kStarts)
+    if (param.empty() && r.message.rfind(start, 0) == 0) param = field;
+  return ApiError{400, r.message, "invalid_request_error", param, ""};
 }
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(const std::string& body,

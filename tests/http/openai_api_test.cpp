@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
+#include "actors/router_core.hpp"
 #include "model/tokenizer.hpp"
 #include "test_utils.hpp"
 
@@ -132,6 +135,41 @@ TEST(OpenAiApi, ErrorsHaveOpenAisShapeAndRejectionsTheirStatus) {
   EXPECT_EQ(from_rejected({1, RejectCode::kNoWorkers, "none"}).status, 503);
   EXPECT_EQ(from_rejected({1, RejectCode::kShuttingDown, "bye"}).status, 503);
   EXPECT_EQ(from_rejected({1, RejectCode::kBusy, "full"}).message, "full");
+}
+
+// A job the router refuses names its field as `param`, from the router's own messages.
+TEST(OpenAi, RefusedJobsNameTheirFieldAsParam) {
+  const model::Tokenizer& tok = tokenizer();
+  actors::RouterOptions options;
+  auto job = [] {
+    transport::Submit j;
+    j.prompt = "Hello";
+    j.max_tokens = 4;
+    return j;
+  };
+  std::vector<std::pair<transport::Submit, std::string>> cases;
+  auto add = [&](const std::function<void(transport::Submit&)>& edit, const std::string& param) {
+    transport::Submit j = job();
+    edit(j);
+    cases.emplace_back(j, param);
+  };
+  add([](auto& j) { j.temperature = -1; }, "temperature");
+  add([](auto& j) { j.top_k = -1; }, "top_k");
+  add([](auto& j) { j.top_p = 0; }, "top_p");
+  add([](auto& j) { j.logprobs = 21; }, "logprobs");
+  add([](auto& j) { j.prompt = ""; }, "prompt");
+  add([](auto& j) { j.prompt.reset(), j.prompt_ids = std::vector<int32_t>{99999}; }, "prompt");
+  add([](auto& j) { j.max_tokens = 0; }, "max_tokens");
+  add([](auto& j) { j.stop = std::vector<std::string>(17, "x"); }, "stop");
+  add([](auto& j) { j.stop = {""}; }, "stop");
+  add([](auto& j) { j.stop = {std::string(2000, 'x')}; }, "stop");
+  for (const auto& [j, param] : cases) {
+    const auto checked = actors::admit_job(j, tok, options);
+    ASSERT_TRUE(std::holds_alternative<transport::Rejected>(checked)) << param;
+    const ApiError e = from_rejected(std::get<transport::Rejected>(checked));
+    EXPECT_EQ(e.status, 400) << e.message;
+    EXPECT_EQ(e.param, param) << e.message;
+  }
 }
 
 transport::Tokens tokens(uint64_t tag, const std::string& text, int32_t id) {
