@@ -117,7 +117,7 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
             caf::anon_send_exit(it->second, caf::exit_reason::user_shutdown);
             st.workers.erase(it);
           }
-          if (st.membership) caf::anon_send(st.membership, wlost_atom::value, worker);
+          if (st.membership) caf::anon_send(st.membership, wlost_atom::value, worker, *broken);
           tell_worker_count(self);
         }
         pump(self);

@@ -8,6 +8,7 @@
 //   router ──(run | end)──▶ batcher ──(plan, worker id, StepPlan)──▶ worker
 //   router ◀──(events)──── batcher ◀──(result, worker id, StepResult)── worker
 //   membership ──(wjoin | wlost | wdrain)──▶ batcher ──(drained, worker id)──▶ membership
+//   batcher ──(wlost, worker id, why)──▶ membership: a worker it dropped (a broken result)
 #include <memory>
 
 #include "actors/messages.hpp"

@@ -158,7 +158,9 @@ caf::behavior gateway(Self self, GatewayConfig config, actors::batcher_actor bat
         drop_proxy(self, id);
         if (auto peer = self->state.members->forget_worker(id)) send(self, *peer, transport::Shutdown{});
       },
-      [=](actors::wlost_atom, uint64_t id) {  // the batcher dropped a broken worker
+      [=](actors::wlost_atom, uint64_t id, const std::string& why) {  // the batcher dropped a broken worker
+        self->state.config.loop->log("gateway: worker " + std::to_string(id) +
+                                     " dropped and told to shut down: " + why);
         drop_proxy(self, id);
         if (auto peer = self->state.members->forget_worker(id)) send(self, *peer, transport::Shutdown{});
       },

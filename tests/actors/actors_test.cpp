@@ -183,6 +183,45 @@ TEST_F(ActorsTest, ADeadWorkersRequestsFinishOnTheOtherWithNothingRepeated) {
   }
 }
 
+// A worker whose result breaks the protocol (a token outside the vocabulary)
+// is dropped, and membership hears which and why (the head logs it and tells
+// the node to shut down); its request finishes on the other worker.
+TEST_F(ActorsTest, ABrokenResultDropsItsWorkerAndMembershipHearsWhy) {
+  std::vector<std::pair<uint64_t, std::string>> dropped;
+  caf::actor membership = sys.spawn([&](caf::event_based_actor*) -> caf::behavior {
+    return {[&](wlost_atom, uint64_t id, const std::string& why) { dropped.emplace_back(id, why); },
+            [](drained_atom, uint64_t) {}};
+  });
+  caf::anon_send(batcher, listen_atom::value, router, membership);
+  sched.run();
+  auto broken = [] {
+    StepRunner good = scripted_runner();
+    return [good](const core::StepPlan& plan) {
+      core::StepResult r = good(plan);
+      for (auto& o : r.outputs) o.token.id = 99999;
+      return r;
+    };
+  };
+  worker_actor bad = spawn_worker(sys, WorkerParams{broken, /*detached=*/false}, batcher);
+  workers.push_back(bad);
+  {
+    caf::scoped_actor self{sys};
+    self->send(batcher, wjoin_atom::value, core::WorkerSpec{7, "test", "scripted", worker_options()}, bad);
+  }
+  sched.run();
+  submit("c", 1, "Hi", 3);
+  sched.run();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].first, 7u);
+  EXPECT_NE(dropped[0].second.find("99999"), std::string::npos) << dropped[0].second;
+  add_worker(8);
+  sched.run();
+  auto [text, fin] = outcome("c", 1);
+  ASSERT_NE(fin, nullptr);
+  EXPECT_EQ(fin->usage.completion_tokens, 3);
+  caf::anon_send_exit(membership, caf::exit_reason::user_shutdown);
+}
+
 TEST_F(ActorsTest, WithoutWorkersJobsWaitForOne) {
   submit("c", 1, "Later", 3);
   sched.run();
