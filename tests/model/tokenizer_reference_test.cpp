@@ -79,6 +79,9 @@ std::string tiktoken_missing() {
   if (run_command("command -v node >/dev/null").status != 0) return "no node (scripts/setup.sh installs npm)";
   if (!std::filesystem::exists(node_modules() + "/tiktoken/package.json"))
     return "no tiktoken npm package in " + node_modules() + " (scripts/setup.sh installs it)";
+  const auto probe = run_command("NODE_PATH=" + shell_quote(node_modules()) +
+                                 " node -e \"require('tiktoken').get_encoding('gpt2').encode('hi')\"");
+  if (probe.status != 0) return "tiktoken does not run under this node: " + probe.output.substr(0, 500);
   return "";
 }
 
