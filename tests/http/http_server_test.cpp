@@ -157,32 +157,8 @@ TEST(HttpFront, ErrorsComeWithTheirStatusInOpenAisShape) {
 }
 
 TEST(HttpFront, AFullQueueIs429AndNoWorkerIs503) {
-  {
-    // One running, one waiting (the queue's one place): the next is busy.
-    ServeProcess busy({"--max-queue", "1", "--max-num-seqs", "1"});
-    troupe::test::TempDir dir;
-    const std::string slow =
-        R"({"model":"tiny","prompt":"Hello","max_tokens":500,"ignore_eos":true,"stream":true})";
-    std::vector<std::unique_ptr<troupe::test::Process>> held;
-    for (const char* name : {"running.txt", "waiting.txt"})
-      held.push_back(std::make_unique<troupe::test::Process>(
-          std::vector<std::string>{"curl", "-sN", busy.url() + "/v1/completions", "-H",
-                                   "Content-Type: application/json", "-d", slow},
-          dir.file(name)));
-    ASSERT_TRUE(troupe::test::eventually(
-        [&] {
-          const std::string text = curl(busy.url() + "/metrics").body;
-          return metric(text, "troupe:num_requests_running") == 1 &&
-                 metric(text, "troupe:num_requests_waiting") == 1;
-        },
-        std::chrono::seconds(60)));
-    const HttpReply r = curl(busy.url() + "/v1/completions", std::string(kGreedy8) + "}");
-    EXPECT_EQ(r.status, 429) << r.body;
-    EXPECT_EQ(parse(r)["error"]["code"], "busy");
-    for (auto& p : held) p->signal(SIGKILL);
-  }
-
-  ServeProcess none({"--workers", "0"});
+  // Heartbeats a minute apart: the worker frozen below is not declared lost during the test.
+  ServeProcess none({"--workers", "0", "--max-queue", "1", "--max-num-seqs", "1", "--heartbeat-ms", "60000"});
   const HttpReply h = curl(none.url() + "/health");
   EXPECT_EQ(h.status, 503) << h.body;
   EXPECT_EQ(parse(h)["workers"], 0);
@@ -200,6 +176,31 @@ TEST(HttpFront, AFullQueueIs429AndNoWorkerIs503) {
   ASSERT_TRUE(joined) << worker.log() << none.log();
   EXPECT_EQ(parse(curl(none.url() + "/health"))["workers"], 1);
   EXPECT_EQ(curl(none.url() + "/v1/completions", std::string(kGreedy8) + "}").status, 200);
+
+  // The worker frozen: one job on it, one waiting (the queue's one place), and the next is busy.
+  worker.signal(SIGSTOP);
+  std::vector<std::unique_ptr<troupe::test::Process>> held;
+  std::string text;
+  for (const char* name : {"first.txt", "second.txt"}) {  // one after the other: each finds the queue free
+    held.push_back(std::make_unique<troupe::test::Process>(
+        std::vector<std::string>{"curl", "-sN", none.url() + "/v1/completions", "-H",
+                                 "Content-Type: application/json", "-d",
+                                 R"({"model":"tiny","prompt":"Hi","max_tokens":4,"stream":true})"},
+        dir.file(name)));
+    ASSERT_TRUE(troupe::test::eventually(
+        [&] {
+          text = curl(none.url() + "/metrics").body;
+          return metric(text, "troupe:num_requests_running") == 1 &&
+                 metric(text, "troupe:num_requests_waiting") == static_cast<double>(held.size() - 1);
+        },
+        std::chrono::seconds(60)))
+        << text << none.log() << held.back()->log();
+  }
+  const HttpReply r = curl(none.url() + "/v1/completions", std::string(kGreedy8) + "}");
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(parse(r)["error"]["code"], "busy");
+  worker.signal(SIGCONT);
+  for (auto& p : held) EXPECT_EQ(p->wait(std::chrono::seconds(60)), std::optional<int>(0)) << p->log();
 }
 
 TEST(HttpFront, AnApiKeyIsRequiredOnV1Only) {
@@ -452,9 +453,9 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   ServeProcess serve({"--drain-timeout", "4", "--max-num-seqs", "1"});
   troupe::test::TempDir dir;
   {
-    // One at a time, 64 x 500 tokens (0.3-1 ms a token): far more work than the drain allows.
+    // One at a time, 128 x 500 tokens (0.3-1 ms a token here): far more work than the drain allows.
     std::ofstream jobs(dir.file("jobs.jsonl"));
-    for (int i = 0; i < 64; ++i)
+    for (int i = 0; i < 128; ++i)
       jobs << json{{"id", i}, {"prompt", "Hello"}, {"max_tokens", 500}, {"ignore_eos", true}}.dump() << "\n";
   }
   troupe::test::Process submit({troupe::test::troupe_bin(), "submit", "--to", serve.zmq(), "--input",
@@ -468,7 +469,7 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   ASSERT_TRUE(troupe::test::eventually(
       [&] {
         const json s = status();
-        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 64;
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 128;
       },
       seconds(60)));
   const std::string body =
@@ -479,7 +480,7 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   ASSERT_TRUE(troupe::test::eventually(
       [&] {
         const json s = status();
-        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 65;
+        return !s.empty() && s["requests_running"].get<int>() + s["requests_served"].get<int>() == 129;
       },
       seconds(60)))
       << stream.log();
@@ -511,7 +512,7 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
       EXPECT_EQ(j["finish_reason"], "length") << line;
     }
   }
-  EXPECT_EQ(lines, 64) << "a line for every job";
+  EXPECT_EQ(lines, 128) << "a line for every job";
   EXPECT_GE(ended, 1);
 
   ASSERT_EQ(stream.wait(seconds(30)), std::optional<int>(0)) << stream.log();
