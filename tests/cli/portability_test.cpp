@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "jsonl.hpp"
+#include "model/threading.hpp"
 #include "test_utils.hpp"
 #include "tiny_model.hpp"
 
@@ -26,7 +27,7 @@ using troupe::test::shell_quote;
 // them and re-executes itself (model/threading.hpp), and that exec would
 // leave the emulator and run on the host's CPU.
 std::string under(const std::string& cpu) {
-  return "OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=3000 " +
+  return std::string("OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=") + troupe::model::kGompSpinCount + " " +
          (cpu.empty() ? std::string() : "qemu-x86_64 -cpu " + cpu + " ") +
          shell_quote(troupe::test::troupe_bin());
 }
