@@ -447,7 +447,8 @@ TEST(HttpFront, BatchesStopsAndLogprobsMeanWhatOpenAiSays) {
 
 // Past --drain-timeout the jobs still open end with an error each client
 // sees: a stream gets the error and [DONE], `troupe submit` an error line per
-// job (and exits 1 at once, not after its own 120 s of silence).
+// job carrying the server's reason (told, not timed out after its own 120 s
+// of silence: that line would say "no answer from the head") and exits 1.
 TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
   using std::chrono::seconds;
   ServeProcess serve({"--drain-timeout", "4", "--max-num-seqs", "1"});
@@ -485,7 +486,6 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
       seconds(60)))
       << stream.log();
 
-  const auto stop_at = std::chrono::steady_clock::now();
   serve.signal(SIGTERM);
   // Draining: a load balancer must send new work elsewhere.
   EXPECT_TRUE(troupe::test::eventually(
@@ -496,8 +496,6 @@ TEST(HttpFront, DrainTimeoutEndsOpenJobsWithAnErrorTheirClientsSee) {
       seconds(30)));
   EXPECT_EQ(serve.wait(seconds(60)), std::optional<int>(0)) << serve.log();
   EXPECT_EQ(submit.wait(seconds(60)), std::optional<int>(1)) << submit.log();
-  EXPECT_LT(std::chrono::steady_clock::now() - stop_at, seconds(30))
-      << "nobody waited for the clients' timeouts";
   EXPECT_NE(serve.log().find("job(s) unfinished"), std::string::npos) << serve.log();
 
   const std::string why = "the server stopped before this job finished (--drain-timeout 4 s ran out)";
