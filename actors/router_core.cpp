@@ -84,8 +84,11 @@ std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tok
   sampling.top_k = job.top_k;
   sampling.top_p = job.top_p;
   sampling.logprobs = job.logprobs;
+  sampling.presence_penalty = job.presence_penalty;
+  sampling.frequency_penalty = job.frequency_penalty;
   try {
-    core::validate(sampling);
+    sampling.logit_bias = core::sorted_logit_bias(job.logit_bias);
+    core::validate(sampling, options_.vocab_size);
   } catch (const std::invalid_argument& e) {
     return invalid(e.what());
   }

@@ -192,9 +192,11 @@ void add_batch_command(CLI::App& app, Registry& registry) {
   auto* sub = app.add_subcommand("batch", "Run a JSONL file of jobs offline through the paged engine");
   auto f = std::make_shared<BatchFlags>();
   sub->add_option("--model", f->model, "Model folder")->required();
-  sub->add_option("--input", f->input,
-                  "JSONL jobs: {\"id\", \"prompt\" | \"prompt_ids\", \"max_tokens\", \"temperature\", \"top_k\", "
-                  "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"priority\"}")
+  sub->add_option(
+         "--input", f->input,
+         "JSONL jobs: {\"id\", \"prompt\" | \"prompt_ids\", \"max_tokens\", \"temperature\", \"top_k\", "
+         "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"presence_penalty\", "
+         "\"frequency_penalty\", \"logit_bias\", \"priority\"}")
       ->required();
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
   add_scheduler_flags(*sub, f->sched);

@@ -11,9 +11,21 @@ namespace {
 
 using nlohmann::json;
 
-const std::set<std::string> kFields = {"id",          "prompt",   "prompt_ids", "max_tokens",
-                                       "temperature", "top_k",    "top_p",      "seed",
-                                       "stop",        "logprobs", "ignore_eos", "priority"};
+const std::set<std::string> kFields = {"id",
+                                       "prompt",
+                                       "prompt_ids",
+                                       "max_tokens",
+                                       "temperature",
+                                       "top_k",
+                                       "top_p",
+                                       "seed",
+                                       "stop",
+                                       "logprobs",
+                                       "ignore_eos",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "logit_bias",
+                                       "priority"};
 
 // An integer field within [lo, hi] of its type, or an error naming it: never
 // narrowed (JSON integers reach 2^64 - 1; larger ones parse as floats).
@@ -44,6 +56,30 @@ float get_float(const json& j, const char* key, Ok ok, const char* want) {
     throw std::invalid_argument(std::string("\"") + key + "\" must be " + want + ", got " + v.dump());
   }
   return static_cast<float>(d);
+}
+
+// "logit_bias": {"token id": bias in [-100, 100], ...}, OpenAI's form.
+std::vector<std::pair<int32_t, float>> get_logit_bias(const json& v) {
+  if (!v.is_object())
+    throw std::invalid_argument("\"logit_bias\" must be an object of token id -> bias, got " + v.dump());
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, bias] : v.items()) {
+    const bool id =
+        !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+    if (!id)
+      throw std::invalid_argument("\"logit_bias\" keys must be token ids such as \"50256\", got " +
+                                  json(key).dump());
+    try {
+      out.emplace_back(
+          std::stoi(key),
+          get_float(
+              v, key.c_str(), [](float b) { return b >= -core::kMaxBias && b <= core::kMaxBias; },
+              "a number in [-100, 100]"));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("\"logit_bias\": ") + e.what());
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -94,6 +130,12 @@ transport::Submit parse_job_json(const json& j) {
     if (!j["ignore_eos"].is_boolean()) throw std::invalid_argument("\"ignore_eos\" must be true or false");
     r.ignore_eos = j["ignore_eos"].get<bool>();
   }
+  auto penalty = [](float x) { return x >= -core::kMaxPenalty && x <= core::kMaxPenalty; };
+  if (j.contains("presence_penalty"))
+    r.presence_penalty = get_float(j, "presence_penalty", penalty, "a number in [-2, 2]");
+  if (j.contains("frequency_penalty"))
+    r.frequency_penalty = get_float(j, "frequency_penalty", penalty, "a number in [-2, 2]");
+  if (j.contains("logit_bias")) r.logit_bias = get_logit_bias(j["logit_bias"]);
   if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
   return r;
 }

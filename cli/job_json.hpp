@@ -1,7 +1,8 @@
 #pragma once
 // A job as one JSON line of `troupe batch` / `troupe submit --input`:
 // {"id", "prompt" | "prompt_ids", "max_tokens", "temperature", "top_k",
-// "top_p", "seed", "stop", "logprobs", "ignore_eos", "priority"}. Parsed
+// "top_p", "seed", "stop", "logprobs", "ignore_eos", "presence_penalty",
+// "frequency_penalty", "logit_bias" ({"id": bias}), "priority"}. Parsed
 // strictly: an unknown field, a wrong type or a number outside its field's
 // range is an error naming the field and the value, never narrowed. What the
 // values mean together (lengths, the vocabulary) is the router's check

@@ -102,6 +102,33 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
   return ids;
 }
 
+void add_logit_flags(CLI::App* sub, float& presence, float& frequency, std::vector<std::string>& bias) {
+  sub->add_option("--presence-penalty", presence,
+                  "Subtracted from the logit of every token generated so far, once ([-2, 2]; 0 = off)")
+      ->check(CLI::Range(-2.0, 2.0));
+  sub->add_option("--frequency-penalty", frequency,
+                  "Subtracted from a token's logit per time it was generated so far ([-2, 2]; 0 = off)")
+      ->check(CLI::Range(-2.0, 2.0));
+  sub->add_option("--logit-bias", bias, "ID=BIAS: add BIAS ([-100, 100]) to token ID's logit (repeatable)");
+}
+
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::vector<std::string>& items) {
+  std::vector<std::pair<int32_t, float>> out;
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    const std::string id = item.substr(0, eq);
+    const char* bias = eq == std::string::npos ? "" : item.c_str() + eq + 1;
+    char* end = nullptr;
+    const double b = std::strtod(bias, &end);
+    const bool ok_id =
+        !id.empty() && id.size() <= 9 && id.find_first_not_of("0123456789") == std::string::npos;
+    if (!ok_id || end == bias || *end != '\0' || !std::isfinite(b))
+      throw std::invalid_argument("--logit-bias '" + item + "' is not ID=BIAS (a token id and a number)");
+    out.emplace_back(std::stoi(id), static_cast<float>(b));
+  }
+  return out;
+}
+
 void add_model_commands(CLI::App& app, Registry& registry) {
   // init-model
   {

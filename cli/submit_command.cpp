@@ -147,6 +147,7 @@ struct SubmitFlags {
   ClientFlags client;
   std::string prompt, input, output;
   transport::Submit job;  // sampling flags of the single-prompt form
+  std::vector<std::string> logit_bias;
   int32_t max_in_flight = 0;
   bool json_out = false, quiet = false;
 };
@@ -395,6 +396,7 @@ void add_submit_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--logprobs", j.logprobs, "Logprobs of the K most likely tokens (-1 = none)")
         ->check(CLI::Range(-1, 20));
     sub->add_flag("--ignore-eos", j.ignore_eos, "Generate past <|endoftext|>");
+    add_logit_flags(sub, j.presence_penalty, j.frequency_penalty, f->logit_bias);
     sub->add_option("--priority", j.priority, "Lower runs first");
     sub->add_option("--max-in-flight", f->max_in_flight, "Jobs of --input in flight at once (0 = all)")
         ->check(non_negative_number());
@@ -407,6 +409,7 @@ void add_submit_commands(CLI::App& app, Registry& registry) {
                           }
                           if (f->prompt.empty())
                             throw std::invalid_argument("give --prompt TEXT or --input FILE");
+                          f->job.logit_bias = parse_logit_bias(f->logit_bias);
                           return submit_one(*f);
                         }});
   }

@@ -1,5 +1,6 @@
 #include "cluster/openai_api.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -107,6 +108,24 @@ std::vector<transport::Submit> prompts(const json& p) {
   return out;
 }
 
+// logit_bias: {"token id": bias, ...} (OpenAI's form: the ids are strings).
+// The router checks the ids against the vocabulary and the biases' range.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& v) {
+  if (!v.is_object())
+    bad("logit_bias", "logit_bias must be an object of token id -> bias, got " + kind_of(v));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, bias] : v.items()) {
+    const bool digits = !key.empty() && key.size() <= 9 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const std::string shown = "\"" + (key.size() <= 32 ? key : key.substr(0, 32) + "...") + "\"";
+    if (!digits) bad("logit_bias", "logit_bias keys must be token ids such as \"50256\", got " + shown);
+    if (!bias.is_number())
+      bad("logit_bias", "logit_bias[" + shown + "] must be a number, got " + kind_of(bias));
+    out.emplace_back(std::stoi(key), static_cast<float>(bias.get<double>()));
+  }
+  return out;
+}
+
 // Fields troupe does not implement: refused unless they ask for the default.
 void refuse_unsupported(const json& b, int32_t n) {
   if (const json* v = field(b, "echo"); v && boolean(*v, "echo")) bad("echo", "echo is not supported");
@@ -114,14 +133,8 @@ void refuse_unsupported(const json& b, int32_t n) {
   if (const json* v = field(b, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n) {
     bad("best_of", "best_of is not supported (it must equal n)");
   }
-  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = field(b, k); v && number(*v, k) != 0.0) bad(k, std::string(k) + " is not supported");
-  }
   if (const json* v = field(b, "repetition_penalty"); v && number(*v, "repetition_penalty") != 1.0) {
     bad("repetition_penalty", "repetition_penalty is not supported");
-  }
-  if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty())) {
-    bad("logit_bias", "logit_bias is not supported");
   }
   if (const json* v = field(b, "min_tokens"); v && integer(*v, "min_tokens", 0, kI32Max) != 0) {
     bad("min_tokens", "min_tokens is not supported");
@@ -165,6 +178,11 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   if (const json* v = field(b, "logprobs"))
     base.logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, kI32Max));
   if (const json* v = field(b, "ignore_eos")) base.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = field(b, "presence_penalty"))
+    base.presence_penalty = static_cast<float>(number(*v, "presence_penalty"));
+  if (const json* v = field(b, "frequency_penalty"))
+    base.frequency_penalty = static_cast<float>(number(*v, "frequency_penalty"));
+  if (const json* v = field(b, "logit_bias")) base.logit_bias = logit_bias(*v);
   if (const json* v = field(b, "priority")) {
     base.priority =
         static_cast<int32_t>(integer(*v, "priority", std::numeric_limits<int32_t>::min(), kI32Max));
@@ -234,13 +252,17 @@ ApiError from_rejected(const transport::Rejected& r) {
       break;
   }
   // The field the router's check names (actors::admit_job's messages), as OpenAI's `param`.
-  static const std::pair<const char*, const char*> kStarts[] = {{"sampling: temperature", "temperature"},
-                                                                {"sampling: top_k", "top_k"},
-                                                                {"sampling: top_p", "top_p"},
-                                                                {"sampling: logprobs", "logprobs"},
-                                                                {"prompt", "prompt"},
-                                                                {"the prompt", "prompt"},
-                                                                {"max_tokens", "max_tokens"}};
+  static const std::pair<const char*, const char*> kStarts[] = {
+      {"sampling: temperature", "temperature"},
+      {"sampling: top_k", "top_k"},
+      {"sampling: top_p", "top_p"},
+      {"sampling: logprobs", "logprobs"},
+      {"sampling: presence_penalty", "presence_penalty"},
+      {"sampling: frequency_penalty", "frequency_penalty"},
+      {"sampling: logit_bias", "logit_bias"},
+      {"prompt", "prompt"},
+      {"the prompt", "prompt"},
+      {"max_tokens", "max_tokens"}};
   std::string param = r.message.find("stop string") != std::string::npos ? "stop" : "";
   for (const auto& [start, field] : kStarts)
     if (param.empty() && r.message.rfind(start, 0) == 0) param = field;

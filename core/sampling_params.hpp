@@ -2,6 +2,7 @@
 // How one sequence picks its next token, and the check of those parameters.
 // Torch-free: the router checks a job at submission, the batcher carries the
 // parameters in step plans, the worker's sampler (model/sampler.hpp) obeys them.
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -10,6 +11,11 @@ namespace troupe::core {
 
 // Largest K accepted in SamplingParams::logprobs.
 constexpr int32_t kMaxLogprobs = 20;
+// Bounds of the logit adjustments (OpenAI's): |penalty| <= 2, |bias| <= 100,
+// and at most kMaxLogitBias biased ids.
+constexpr float kMaxPenalty = 2.0f;
+constexpr float kMaxBias = 100.0f;
+constexpr size_t kMaxLogitBias = 1024;
 
 // The worker's choice is a pure function of (logits, params, position): the
 // random stream is keyed by (seed, position of the token being sampled), so a
@@ -21,6 +27,17 @@ struct SamplingParams {
   float top_p = 1.0f;        // nucleus: smallest set with mass >= top_p; 1 = off; (0, 1]
   uint64_t seed = 0;         // always set by the time a plan carries it (router or scheduler picks one)
   int32_t logprobs = -1;     // -1 = no logprobs; K in [0, kMaxLogprobs] = chosen token's logprob + top K
+  // Adjustments to the raw logits before temperature, top-k and top-p
+  // (OpenAI's definitions): logit[t] + bias[t] - (frequency_penalty * c[t] +
+  // presence_penalty) where c[t] > 0, c[t] being how many times t was
+  // generated so far in this sequence (the prompt does not count).
+  float presence_penalty = 0.0f;                      // [-kMaxPenalty, kMaxPenalty]
+  float frequency_penalty = 0.0f;                     // [-kMaxPenalty, kMaxPenalty]
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias), ids strictly increasing
+
+  // Whether the sampler needs the sequence's generated tokens.
+  bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  bool adjusts_logits() const { return penalizes() || !logit_bias.empty(); }
 };
 
 // One sampled token, with what the request asked to know about it.
@@ -31,7 +48,15 @@ struct SampledToken {
 };
 
 // Throws std::invalid_argument unless temperature is finite and >= 0,
-// top_k >= 0, top_p is in (0, 1] and logprobs is in [-1, kMaxLogprobs].
+// top_k >= 0, top_p is in (0, 1], logprobs is in [-1, kMaxLogprobs], the
+// penalties are in [-kMaxPenalty, kMaxPenalty], and logit_bias has at most
+// kMaxLogitBias entries, ids >= 0 strictly increasing, biases in
+// [-kMaxBias, kMaxBias].
 void validate(const SamplingParams& params);
+// The same, and every logit_bias id below `vocab`.
+void validate(const SamplingParams& params, int64_t vocab);
+// Sorts `bias` by id for SamplingParams::logit_bias; throws
+// std::invalid_argument when an id appears twice.
+std::vector<std::pair<int32_t, float>> sorted_logit_bias(std::vector<std::pair<int32_t, float>> bias);
 
 }  // namespace troupe::core

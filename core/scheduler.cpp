@@ -73,7 +73,7 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
     return id() + "its output already ends with eos: nothing left to do";
   }
   try {
-    validate(r.sampling);
+    validate(r.sampling, options_.vocab_size);
   } catch (const std::invalid_argument& e) {
     return id() + e.what();
   }
@@ -287,6 +287,7 @@ bool Scheduler::try_admit(Sequence& s, int32_t& budget, StepPlan& plan) {
   NewSequence ns;
   ns.seq_id = s.id;
   ns.tokens = s.tokens;
+  ns.num_generated = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
   ns.num_cached = cached;
   ns.block_table = s.blocks;
   ns.sampling = s.request.sampling;

@@ -116,6 +116,10 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
              std::to_string(options_.vocab_size) + ")";
     }
   }
+  if (ns.num_generated < 0 || ns.num_generated >= n) {
+    return "num_generated " + std::to_string(ns.num_generated) +
+           " must leave a prompt of at least one of the " + std::to_string(n) + " tokens";
+  }
   if (ns.num_cached < 0 || ns.num_cached >= n || ns.num_cached % options_.block_size != 0) {
     return "num_cached " + std::to_string(ns.num_cached) +
            " must be a whole number of blocks below the length " + std::to_string(n);
@@ -125,7 +129,7 @@ std::string SequenceTable::check_new(const NewSequence& ns) const {
   }
   if (auto e = bad_blocks({}, ns.block_table); !e.empty()) return e;
   try {
-    validate(ns.sampling);
+    validate(ns.sampling, options_.vocab_size);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -240,6 +244,7 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     en.tokens.assign(ns.tokens.begin(), ns.tokens.end());
     en.blocks = ns.block_table;
     en.num_computed = ns.num_cached;
+    en.num_prompt = static_cast<int32_t>(ns.tokens.size()) - ns.num_generated;
     en.sampling = ns.sampling;
   }
 
@@ -325,6 +330,10 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     c.block_table.assign(en.blocks.begin(), en.blocks.end());
     c.sample = w.sample;
     c.sampling = en.sampling;
+    if (w.sample && en.sampling.penalizes())
+      c.generated.assign(en.tokens.begin() + en.num_prompt, en.tokens.end());
+    else
+      c.generated.clear();
   }
   step.chunks.resize(n_chunks);
 }

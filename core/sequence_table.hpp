@@ -70,6 +70,7 @@ class SequenceTable {
   struct Entry {
     uint32_t step_mark = 0;  // step_epoch_ of the last prepare() whose work named it
     int32_t num_computed = 0;
+    int32_t num_prompt = 0;  // tokens[num_prompt, end) were generated
     std::vector<int32_t> tokens;
     std::vector<int32_t> blocks;
     SamplingParams sampling;

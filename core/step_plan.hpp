@@ -28,6 +28,7 @@ struct NewSequence {
   int32_t num_cached = 0;            // leading tokens whose K/V its blocks already hold (prefix-cache hit)
   std::vector<int32_t> block_table;  // its KV blocks at admission (more come in SeqWork::new_blocks)
   SamplingParams sampling;
+  int32_t num_generated = 0;  // trailing tokens of `tokens` that were generated (the penalties count them)
 };
 
 // One sequence's share of a step: a prompt chunk (prefill) or one token (decode).
@@ -82,6 +83,7 @@ struct SeqChunk {
   std::vector<int32_t> block_table;  // the sequence's blocks, covering start_pos + token_ids.size() slots
   bool sample = false;               // sample a token after the last one
   SamplingParams sampling;
+  std::vector<int32_t> generated;  // sample && sampling.penalizes(): the tokens generated so far
 };
 
 }  // namespace troupe::core

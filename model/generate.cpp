@@ -34,7 +34,7 @@ void check_request(const Gpt2Config& cfg, const std::vector<int32_t>& prompt, co
       throw std::invalid_argument(who + "prompt token " + std::to_string(i) + " = " +
                                   std::to_string(prompt[i]) + " is outside the vocabulary [0, " +
                                   std::to_string(cfg.vocab_size) + ")");
-  validate(o.sampling);
+  validate(o.sampling, cfg.vocab_size);
 }
 
 }  // namespace
@@ -72,7 +72,7 @@ GenerateResult generate(const Gpt2& model, const Tokenizer& tokenizer, const std
                                ? model.forward_full(seq)
                                : model.forward_contiguous(feed, cache, LogitRows::kLast);
     const torch::Tensor last = logits.narrow(0, logits.size(0) - 1, 1);  // [1, vocab]
-    const SampledToken tok = sample_rows(last, {options.sampling}, {prompt_len + i})[0];
+    const SampledToken tok = sample_rows(last, {options.sampling}, {prompt_len + i}, {Generated(r.ids)})[0];
     if (step_logits) step_logits->push_back(last[0].to(torch::kCPU, torch::kFloat).clone());
     if (i == 0) t_first = Clock::now();
     r.ids.push_back(tok.id);

@@ -322,6 +322,35 @@ void fill_logprobs(const SamplerKernels& k, const float* l, int64_t vocab, const
   for (int32_t id : ids) out.top.emplace_back(id, static_cast<float>(l[id] - lse));
 }
 
+// The row with p's adjustments applied (sample()'s order and rounding), in a
+// buffer of the calling thread's that lives until its next call.
+const float* adjusted_row(const float* logits, int64_t vocab, const SamplingParams& p, Generated generated) {
+  thread_local std::vector<float> row;
+  thread_local std::vector<int32_t> ids;
+  row.assign(logits, logits + vocab);
+  auto outside = [&](const char* what, int32_t id) {
+    return std::invalid_argument(std::string("sampling: ") + what + " names token " + std::to_string(id) +
+                                 ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  };
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab) throw outside("logit_bias", id);
+    row[id] = row[id] + bias;
+  }
+  if (!p.penalizes() || generated.size == 0) return row.data();
+  ids.assign(generated.ids, generated.ids + generated.size);
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size();) {
+    const int32_t id = ids[i];
+    if (id < 0 || id >= vocab) throw outside("a generated token", id);
+    size_t j = i;
+    while (j < ids.size() && ids[j] == id) ++j;
+    const float count = static_cast<float>(j - i);
+    row[id] = row[id] - (p.frequency_penalty * count + p.presence_penalty);
+    i = j;
+  }
+  return row.data();
+}
+
 }  // namespace
 
 // The portable variant gives the same bits as every other and runs anywhere.
@@ -345,24 +374,30 @@ const SamplerKernels& sampler_kernels(CpuIsa isa) {
   return portable::kSamplerKernels;
 }
 
-SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p, int64_t position) {
+SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p, int64_t position,
+                    Generated generated) {
   validate(p);
   if (vocab < 1) throw std::invalid_argument("sampling: vocab must be >= 1, got " + std::to_string(vocab));
   const SamplerKernels& k = sampler_kernels(kernel_isa());
-  const LogitScan s = k.scan(logits, vocab);
-  if (s.bad) throw std::runtime_error("sampler: logits contain NaN or +inf (the forward pass diverged)");
-  if (s.max == -INFINITY) throw std::runtime_error("sampler: every logit is -inf, nothing can be sampled");
+  const LogitScan raw = k.scan(logits, vocab);
+  if (raw.bad) throw std::runtime_error("sampler: logits contain NaN or +inf (the forward pass diverged)");
+  if (raw.max == -INFINITY) throw std::runtime_error("sampler: every logit is -inf, nothing can be sampled");
+  // The adjustments are finite (bounded biases and penalties), so the
+  // adjusted row has no NaN or +inf and keeps every finite logit finite.
+  const float* l = p.adjusts_logits() ? adjusted_row(logits, vocab, p, generated) : logits;
+  const LogitScan s = l == logits ? raw : k.scan(l, vocab);
   SampledToken out;
   scratch().exp_of = nullptr;  // nothing computed for an earlier row is reused
   // A temperature so small that 1/T overflows is greedy in all but name.
   const bool greedy = p.temperature == 0.0f || !std::isfinite(1.0f / p.temperature);
-  out.id = greedy ? s.argmax : draw(k, logits, vocab, p, position, s);
-  if (p.logprobs >= 0) fill_logprobs(k, logits, vocab, s, p.logprobs, out);
+  out.id = greedy ? s.argmax : draw(k, l, vocab, p, position, s);
+  if (p.logprobs >= 0) fill_logprobs(k, logits, vocab, raw, p.logprobs, out);
   return out;
 }
 
 std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vector<SamplingParams>& params,
-                                      const std::vector<int64_t>& positions) {
+                                      const std::vector<int64_t>& positions,
+                                      const std::vector<Generated>& generated) {
   if (logits.dim() != 2 || !at::isFloatingType(logits.scalar_type()))
     throw std::invalid_argument("sample_rows: logits must be a floating [rows, vocab] tensor, got " +
                                 std::to_string(logits.dim()) + " dims");
@@ -372,7 +407,10 @@ std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vecto
     throw std::invalid_argument("sample_rows: " + std::to_string(rows) + " logit rows but " +
                                 std::to_string(params.size()) + " params and " +
                                 std::to_string(positions.size()) + " positions");
-  for (const auto& p : params) validate(p);
+  if (!generated.empty() && static_cast<int64_t>(generated.size()) != rows)
+    throw std::invalid_argument("sample_rows: " + std::to_string(rows) + " logit rows but " +
+                                std::to_string(generated.size()) + " generated lists");
+  for (const auto& p : params) validate(p, vocab);
   std::vector<SampledToken> out(rows);
   if (rows == 0) return out;
   const at::Tensor cpu = logits.to(at::kCPU, at::kFloat).contiguous();
@@ -384,7 +422,8 @@ std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vecto
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t r = next.fetch_add(1); r < rows; r = next.fetch_add(1))
-      out[r] = sample(base + r * vocab, vocab, params[r], positions[r]);
+      out[r] = sample(base + r * vocab, vocab, params[r], positions[r],
+                      generated.empty() ? Generated{} : generated[r]);
   });
   return out;
 }

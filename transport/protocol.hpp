@@ -72,7 +72,10 @@ struct Submit {
   std::vector<std::string> stop;                   // stop strings (text ends before the first match)
   int32_t logprobs = -1;                           // -1 = none; K = chosen token's logprob + top K
   bool ignore_eos = false;
-  int32_t priority = 0;  // lower runs first
+  int32_t priority = 0;                               // lower runs first
+  float presence_penalty = 0.0f;                      // core::SamplingParams: [-2, 2], 0 = off
+  float frequency_penalty = 0.0f;                     // [-2, 2], 0 = off
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), any order
 };
 
 // router -> client: the job is queued under request_id.

@@ -15,15 +15,25 @@ namespace {
 
 using namespace detail;
 
-// [[id, logprob], ...]
-std::vector<std::pair<int32_t, float>> get_top(R& r) {
-  return get_list<std::pair<int32_t, float>>(r, [](R& e) {
-    const uint32_t n = get_tuple(e, 2, "[id, logprob]");
+// [[id, x], ...] with x read by get_x: top logprobs, logit biases.
+template <class GetX>
+std::vector<std::pair<int32_t, float>> get_id_pairs(R& r, const char* layout, const char* x_name,
+                                                    GetX get_x) {
+  return get_list<std::pair<int32_t, float>>(r, [&](R& e) {
+    const uint32_t n = get_tuple(e, 2, layout);
     const auto id = in("id", [&] { return get_int<int32_t>(e); });
-    const auto lp = in("logprob", [&] { return get_logprob(e); });
+    const auto x = in(x_name, [&] { return get_x(e); });
     skip_rest(e, n, 2);
-    return std::make_pair(id, lp);
+    return std::make_pair(id, x);
   });
+}
+
+std::vector<std::pair<int32_t, float>> get_top(R& r) {
+  return get_id_pairs(r, "[id, logprob]", "logprob", get_logprob);
+}
+
+std::vector<std::pair<int32_t, float>> get_bias(R& r) {
+  return get_id_pairs(r, "[id, bias]", "bias", get_float);
 }
 
 core::SamplingParams get_sampling(R& r) {
@@ -34,7 +44,14 @@ core::SamplingParams get_sampling(R& r) {
   s.top_p = in("top_p", [&] { return get_float(r); });
   s.seed = in("seed", [&] { return get_u64(r); });
   s.logprobs = in("logprobs", [&] { return get_int<int32_t>(r); });
-  skip_rest(r, n, 5);
+  if (n < 8) {
+    skip_rest(r, n, 5);
+    return s;
+  }
+  s.presence_penalty = in("presence_penalty", [&] { return get_float(r); });
+  s.frequency_penalty = in("frequency_penalty", [&] { return get_float(r); });
+  s.logit_bias = in("logit_bias", [&] { return get_bias(r); });
+  skip_rest(r, n, 8);
   return s;
 }
 
@@ -52,7 +69,8 @@ core::StepPlan get_plan(R& r) {
       ns.num_cached = in("num_cached", [&] { return get_int<int32_t>(e); });
       ns.block_table = in("block_table", [&] { return get_ints(e); });
       ns.sampling = in("sampling", [&] { return get_sampling(e); });
-      skip_rest(e, m, 5);
+      if (m >= 6) ns.num_generated = in("num_generated", [&] { return get_int<int32_t>(e); });
+      skip_rest(e, m, m >= 6 ? 6 : 5);
       return ns;
     });
   });
@@ -138,6 +156,9 @@ Submit get_submit(const Fields& f) {
   f.opt("logprobs", m.logprobs, get_int<int32_t>);
   f.opt("ignore_eos", m.ignore_eos, get_bool);
   f.opt("priority", m.priority, get_int<int32_t>);
+  f.opt("presence_penalty", m.presence_penalty, get_float);
+  f.opt("frequency_penalty", m.frequency_penalty, get_float);
+  f.opt("logit_bias", m.logit_bias, get_bias);
   return m;
 }
 

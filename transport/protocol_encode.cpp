@@ -68,25 +68,30 @@ class Writer {
   msgpack::packer<StringSink> pk_;
 };
 
-// [temperature, top_k, top_p, seed, logprobs]
+// [temperature, top_k, top_p, seed, logprobs], and only when they adjust the
+// logits, presence_penalty, frequency_penalty, logit_bias ([[id, bias], ...]).
 void write_sampling(Writer& w, const core::SamplingParams& s) {
-  w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs);
+  if (!s.adjusts_logits()) return w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs);
+  w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs, s.presence_penalty, s.frequency_penalty,
+          s.logit_bias);
 }
 
 // [step_id, drop, new_seqs, work]; new sequence: [seq_id, tokens, num_cached,
-// block_table, sampling]; work: [seq_id, start_pos, num_tokens, new_blocks, sample].
+// block_table, sampling] and, for a resumed one, num_generated; work:
+// [seq_id, start_pos, num_tokens, new_blocks, sample].
 void write_plan(Writer& w, const core::StepPlan& p) {
   w.array(4);
   w.value(p.step_id);
   w.value(p.drop);
   w.array(p.new_seqs.size());
   for (const auto& ns : p.new_seqs) {
-    w.array(5);
+    w.array(ns.num_generated > 0 ? 6 : 5);
     w.value(ns.seq_id);
     w.value(ns.tokens);
     w.value(ns.num_cached);
     w.value(ns.block_table);
     write_sampling(w, ns.sampling);
+    if (ns.num_generated > 0) w.value(ns.num_generated);
   }
   w.array(p.work.size());
   for (const auto& sw : p.work) w.tuple(sw.seq_id, sw.start_pos, sw.num_tokens, sw.new_blocks, sw.sample);
@@ -115,7 +120,9 @@ struct Encoder {
   Writer& w;
 
   void operator()(const Submit& m) {
-    w.begin("submit", 10 + (m.seed ? 1 : 0));
+    const bool presence = m.presence_penalty != 0.0f, frequency = m.frequency_penalty != 0.0f,
+               bias = !m.logit_bias.empty();
+    w.begin("submit", 10 + (m.seed ? 1 : 0) + (presence ? 1 : 0) + (frequency ? 1 : 0) + (bias ? 1 : 0));
     w.kv("tag", m.tag);
     if (m.prompt_ids)
       w.kv("prompt_ids", *m.prompt_ids);
@@ -130,6 +137,9 @@ struct Encoder {
     w.kv("logprobs", m.logprobs);
     w.kv("ignore_eos", m.ignore_eos);
     w.kv("priority", m.priority);
+    if (presence) w.kv("presence_penalty", m.presence_penalty);
+    if (frequency) w.kv("frequency_penalty", m.frequency_penalty);
+    if (bias) w.kv("logit_bias", m.logit_bias);
   }
   void operator()(const Accepted& m) {
     w.begin("accepted", 2);

@@ -133,6 +133,42 @@ TEST(Engine, PreemptedRequestsStillMatchTheReference) {
   EXPECT_EQ(engine.scheduler().allocator().num_used(), 0);
 }
 
+// Presence and frequency penalties and logit biases, through batching and
+// preemption (a preempted sequence comes back with its generated tokens,
+// which the penalties must keep counting): each request's tokens are those
+// the reference loop gives it alone.
+TEST(Engine, LogitAdjustmentsSurviveBatchingAndPreemption) {
+  std::mt19937 rng(17);
+  std::vector<Request> reqs;
+  std::vector<int> arrive;
+  for (uint64_t i = 0; i < 6; ++i) {
+    Request r = make_request(i, random_prompt(rng, 8), 30, i % 2 ? 0.9f : 0.0f);
+    r.sampling.presence_penalty = i % 3 == 0 ? 2.0f : 0.0f;
+    r.sampling.frequency_penalty = i % 3 == 1 ? 1.0f : 0.0f;
+    // The tiny model's rows are nearly flat: a sampled sequence seldom repeats
+    // a token (nothing to penalise) unless a bias makes one likely.
+    if (i % 3 == 2 || i % 2 == 1) r.sampling.logit_bias = {{11, 8.0f}, {13, -100.0f}};
+    reqs.push_back(r);
+    arrive.push_back(static_cast<int>(i));
+  }
+  auto so = small_options(22, 64);
+  model::PagedKvCache cache(tiny().cfg, so.num_blocks, so.block_size, torch::kCPU);
+  Engine engine(tiny().gpt, cache, &tiny().tok, so, model::PagedAttention::kAuto);
+  auto out = run(engine, reqs, arrive);
+  EXPECT_GT(engine.scheduler().stats().preemptions, 0) << "the pool was meant to run out";
+  int moved = 0;
+  for (const auto& r : reqs) {
+    EXPECT_EQ(out[r.id], reference(r)) << "request " << r.id;
+    Request plain = r;
+    plain.sampling.presence_penalty = plain.sampling.frequency_penalty = 0.0f;
+    plain.sampling.logit_bias.clear();
+    const bool changed = out[r.id] != reference(plain);
+    moved += changed;
+    EXPECT_TRUE(changed) << "request " << r.id;
+  }
+  EXPECT_EQ(moved, 6) << "every request's adjustments were meant to change its tokens";
+}
+
 TEST(Engine, SeededSamplingIsTheSameAloneAndInABatch) {
   std::mt19937 rng(3);
   auto prompt = random_prompt(rng, 9);

@@ -170,6 +170,26 @@ TEST(Cli, GenerateModesAgreeAndSeedsReproduce) {
   EXPECT_NE(a["ids"], c["ids"]);
 }
 
+// The logit flags give the same tokens in every loop (each feeds the sampler
+// the tokens generated so far its own way), and change them.
+TEST(Cli, GenerateLogitFlagsAgreeAcrossModes) {
+  const std::string base =
+      "generate " + model_flag() + " --prompt-ids 464,1893,286 --max-tokens 16 --ignore-eos --json";
+  for (const std::string flags : {" --presence-penalty 2", " --frequency-penalty 1.5 --logit-bias 11=3",
+                                  " --temperature 1 --seed 3 --logit-bias 11=9 --frequency-penalty 2"}) {
+    auto naive = run_json(base + flags + " --mode naive");
+    auto kv = run_json(base + flags + " --mode kv");
+    auto paged = run_json(base + flags + " --mode paged");
+    EXPECT_EQ(naive["ids"], kv["ids"]) << flags;
+    EXPECT_EQ(kv["ids"], paged["ids"]) << flags;
+    const std::string plain =
+        flags.find("--temperature") == std::string::npos ? "" : " --temperature 1 --seed 3";
+    EXPECT_NE(kv["ids"], run_json(base + plain + " --mode kv")["ids"]) << flags;
+  }
+  auto forced = run_json(base + " --logit-bias 11=100 --mode paged");
+  EXPECT_EQ(forced["ids"], json(std::vector<int>(16, 11)));
+}
+
 TEST(Cli, GenerateCompareReportsSameTokens) {
   auto r = run_command(tcmd("generate --compare " + model_flag() + " --prompt 'The actor' --max-tokens 8"));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -203,6 +223,12 @@ TEST(Cli, GenerateErrorsExitNonZeroWithMessage) {
       {"generate " + model_flag() + " --prompt-ids 99999999", "vocabulary"},
       {"generate " + model_flag(), "--prompt"},
       {"generate " + model_flag() + " --prompt hi --device tpu:0", "device"},
+      {"generate " + model_flag() + " --prompt hi --presence-penalty 3", "presence-penalty"},
+      {"generate " + model_flag() + " --prompt hi --logit-bias 11", "ID=BIAS"},
+      {"generate " + model_flag() + " --prompt hi --logit-bias 11=x", "ID=BIAS"},
+      {"generate " + model_flag() + " --prompt hi --logit-bias 11=101", "[-100, 100]"},
+      {"generate " + model_flag() + " --prompt hi --logit-bias 11=1 --logit-bias 11=2", "twice"},
+      {"generate " + model_flag() + " --prompt hi --logit-bias 50257=1", "vocabulary"},
   };
   for (const auto& c : cases) {
     auto r = run_command(tcmd(c.args));
@@ -273,6 +299,11 @@ TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
       {"temperature-neg", R"("temperature": -0.5)", "temperature", "-0.5"},
       {"top_p-1.5", R"("top_p": 1.5)", "top_p", "1.5"},
       {"top_p-string", R"("top_p": "0.9")", "top_p", "\"0.9\""},
+      {"presence-3", R"("presence_penalty": 3)", "presence_penalty", "3"},
+      {"frequency-string", R"("frequency_penalty": "1")", "frequency_penalty", "\"1\""},
+      {"bias-101", R"("logit_bias": {"5": 101})", "logit_bias", "101"},
+      {"bias-key", R"("logit_bias": {"x": 1})", "logit_bias", "\"x\""},
+      {"bias-list", R"("logit_bias": [[5, 1]])", "logit_bias", "[[5,1]]"},
   };
   TempDir dir;
   {
@@ -281,7 +312,8 @@ TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
       in << R"({"id": ")" << c.id << R"(", "prompt": "Hello", "max_tokens": 2, )" << c.fields << "}\n";
     // Every field at the edge of its range is accepted.
     in << R"({"id": "edges", "prompt_ids": [464], "max_tokens": 2, "top_k": 2147483647, "priority": -2147483648, )"
-       << R"("seed": 18446744073709551615, "logprobs": 20, "temperature": 3.4e38, "top_p": 1, "ignore_eos": true})"
+       << R"("seed": 18446744073709551615, "logprobs": 20, "temperature": 3.4e38, "top_p": 1, "ignore_eos": true, )"
+       << R"("presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"0": -100, "50256": 100}})"
        << "\n";
   }
   auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +

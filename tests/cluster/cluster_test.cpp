@@ -33,7 +33,9 @@ using std::chrono::seconds;
 
 // Jobs of every kind: greedy and seeded sampled (explicit seeds, so the
 // output does not depend on who drew a seed), text and id prompts, lengths
-// forced with ignore_eos.
+// forced with ignore_eos, and some with presence or frequency penalties and
+// logit biases (whose tokens depend on every token generated before: a
+// sequence moved to another worker must take them along).
 void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed, int min_tokens = 4) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> len(min_tokens, max_tokens);
@@ -54,6 +56,11 @@ void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed, i
       j["temperature"] = 0.9;
       j["top_k"] = 40;
       j["seed"] = 1000 + i;
+    }
+    if (i % 4 == 0) j["frequency_penalty"] = 1.0;
+    if (i % 4 == 1) {
+      j["presence_penalty"] = 1.5;
+      j["logit_bias"] = {{"11", 6.0}, {"13", -100}};
     }
     out << j.dump() << "\n";
   }

@@ -50,6 +50,41 @@ TEST(Scheduler, DecodeOutOfBlocksPreemptsTheNewestWhichResumesUnchanged) {
   EXPECT_EQ(h.sched.stats().blocks_used, 0);
 }
 
+// The worker learns which of a sequence's tokens were generated (what the
+// presence and frequency penalties count): none at first admission, all it
+// had made when it comes back after a preemption, its output_ids when a
+// request is resumed.
+TEST(Scheduler, ANewSequenceSaysHowManyOfItsTokensWereGenerated) {
+  SchedulerOptions o = small_options();
+  o.num_blocks = 6;
+  o.enable_prefix_caching = false;
+  Harness h(o);
+  ASSERT_FALSE(h.submit(make_request(1, range_tokens(8), 12)));
+  ASSERT_FALSE(h.submit(make_request(2, range_tokens(8, 40), 12)));
+  std::vector<std::pair<size_t, int32_t>> admissions_of_2;  // (tokens sent, num_generated)
+  for (int i = 0; i < 60 && h.sched.has_unfinished(); ++i) {
+    const StepPlan p = h.step();
+    for (const NewSequence& ns : p.new_seqs)
+      if (ns.seq_id == 2) admissions_of_2.emplace_back(ns.tokens.size(), ns.num_generated);
+  }
+  ASSERT_GE(admissions_of_2.size(), 2u) << "2 was meant to be preempted and come back";
+  EXPECT_EQ(admissions_of_2[0], (std::pair<size_t, int32_t>{8, 0}));
+  for (size_t k = 1; k < admissions_of_2.size(); ++k) {
+    EXPECT_GT(admissions_of_2[k].first, 8u);
+    EXPECT_EQ(admissions_of_2[k].second, static_cast<int32_t>(admissions_of_2[k].first) - 8);
+  }
+  EXPECT_EQ(outputs(h, 2), scripted(h, 2, 8, 12));
+
+  Harness r(small_options());
+  Request resumed = make_request(3, {1, 2, 3, 4}, 6);
+  resumed.output_ids = {50, 51, 52};
+  ASSERT_FALSE(r.submit(resumed));
+  const StepPlan first = r.step();
+  ASSERT_EQ(first.new_seqs.size(), 1u);
+  EXPECT_EQ(first.new_seqs[0].tokens, (std::vector<int32_t>{1, 2, 3, 4, 50, 51, 52}));
+  EXPECT_EQ(first.new_seqs[0].num_generated, 3);
+}
+
 TEST(Scheduler, SequenceNeedingABlockPreemptsItselfWhenItIsTheNewest) {
   SchedulerOptions o = small_options();
   o.num_blocks = 4;

@@ -235,5 +235,63 @@ TEST(SequenceTable, PreparingIntoAKeptStepReplacesItsContents) {
   EXPECT_EQ(kept.chunks[0].start_pos, 1);
 }
 
+// A sequence that penalises repeats gets, with each sampling chunk, the
+// tokens generated so far: those it was sent as generated (a resumed
+// sequence), then those the worker sampled itself; never the prompt. One that
+// does not gets none.
+TEST(SequenceTable, PenalisingSequencesCarryTheirGeneratedTokens) {
+  SequenceTable t(options());
+  StepPlan p = learn(1, {10, 11, 12, 13, 14}, {0, 1, 2});
+  p.new_seqs[0].num_generated = 2;  // 13 and 14 were generated before a preemption
+  p.new_seqs[0].sampling.presence_penalty = 1.0f;
+  NewSequence plain;
+  plain.seq_id = 2;
+  plain.tokens = {20, 21};
+  plain.block_table = {3};
+  p.new_seqs.push_back(plain);
+  p.work.push_back({2, 0, 2, {}, true});
+  PreparedStep s = t.prepare(p);
+  ASSERT_TRUE(s.failures.empty()) << s.failures[0].error;
+  ASSERT_EQ(s.chunks.size(), 2u);
+  EXPECT_EQ(s.chunks[0].generated, (std::vector<int32_t>{13, 14}));
+  EXPECT_TRUE(s.chunks[1].generated.empty());
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}, {2, SampledToken{7, 0.0f, {}}}}, {});
+  s = grow(t, 1, 5, {});
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].generated, (std::vector<int32_t>{13, 14, 7}));
+  // A prefill chunk that does not sample carries nothing.
+  StepPlan chunked = learn(3, {30, 31, 32, 33}, {4, 5});
+  chunked.new_seqs[0].sampling.frequency_penalty = 0.5f;
+  chunked.work[0].num_tokens = 2;
+  chunked.work[0].sample = false;
+  s = t.prepare(chunked);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_TRUE(s.chunks[0].generated.empty());
+}
+
+TEST(SequenceTable, ANewSequenceWithBadAdjustmentsIsRefused) {
+  struct Case {
+    int32_t num_generated;
+    std::vector<std::pair<int32_t, float>> bias;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {3, {}, "num_generated 3 must leave a prompt"},
+      {-1, {}, "num_generated -1 must leave a prompt"},
+      {0, {{100, 1.0f}}, "logit_bias names token 100, outside the vocabulary [0, 100)"},
+      {0, {{5, 1.0f}, {2, 1.0f}}, "strictly increasing"},
+  };
+  for (const Case& c : cases) {
+    SequenceTable t(options());
+    StepPlan p = learn(1, {10, 11, 12}, {0, 1});
+    p.new_seqs[0].num_generated = c.num_generated;
+    p.new_seqs[0].sampling.logit_bias = c.bias;
+    const PreparedStep s = t.prepare(p);
+    ASSERT_EQ(s.failures.size(), 1u) << c.words;
+    EXPECT_NE(s.failures[0].error.find(c.words), std::string::npos) << s.failures[0].error;
+    EXPECT_FALSE(t.contains(1));
+  }
+}
+
 }  // namespace
 }  // namespace troupe::core

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -443,6 +444,24 @@ TEST(HttpFront, BatchesStopsAndLogprobsMeanWhatOpenAiSays) {
     for (const auto& [tok, v] : l["top_logprobs"][i].items()) EXPECT_LE(v.get<double>(), chosen) << tok;
   }
   EXPECT_EQ(joined, text);
+
+  // logit_bias and the penalties (OpenAI's meanings): +100 on "," makes it
+  // every token; a presence penalty of 2 keeps greedy decoding off every
+  // token it already chose (on this model, whose greedy text repeats).
+  const HttpReply forced = curl(url, std::string(kGreedy8) + R"(, "logit_bias": {"11": 100}})");
+  ASSERT_EQ(forced.status, 200) << forced.body;
+  EXPECT_EQ(parse(forced)["choices"][0]["text"], ",,,,,,,,");
+  auto tokens = [&](const std::string& extra) {
+    const HttpReply r = curl(url, R"({"prompt": "Hello world", "max_tokens": 24, "temperature": 0,
+                                      "ignore_eos": true, "logprobs": 0)" +
+                                      extra + "}");
+    EXPECT_EQ(r.status, 200) << r.body;
+    return parse(r)["choices"][0]["logprobs"]["tokens"].get<std::vector<std::string>>();
+  };
+  const auto repeating = tokens(""), fresh = tokens(R"(, "presence_penalty": 2)");
+  ASSERT_EQ(fresh.size(), 24u);
+  EXPECT_LT(std::set<std::string>(repeating.begin(), repeating.end()).size(), 24u);
+  EXPECT_EQ(std::set<std::string>(fresh.begin(), fresh.end()).size(), 24u);
 }
 
 // Past --drain-timeout the jobs still open end with an error each client

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "actors/router_core.hpp"
@@ -106,8 +107,13 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
        "stream: true"},
       {R"({"prompt": "a", "echo": true})", 400, "echo", "not supported"},
       {R"({"prompt": "a", "best_of": 2})", 400, "best_of", "not supported"},
-      {R"({"prompt": "a", "presence_penalty": 0.5})", 400, "presence_penalty", "not supported"},
-      {R"({"prompt": "a", "logit_bias": {"1": 2}})", 400, "logit_bias", "not supported"},
+      {R"({"prompt": "a", "repetition_penalty": 1.2})", 400, "repetition_penalty", "not supported"},
+      {R"({"prompt": "a", "presence_penalty": "high"})", 400, "presence_penalty", "must be a number"},
+      {R"({"prompt": "a", "frequency_penalty": true})", 400, "frequency_penalty", "must be a number"},
+      {R"({"prompt": "a", "logit_bias": [[1, 2]]})", 400, "logit_bias", "must be an object"},
+      {R"({"prompt": "a", "logit_bias": {"x1": 2}})", 400, "logit_bias", "token ids such as"},
+      {R"({"prompt": "a", "logit_bias": {"-1": 2}})", 400, "logit_bias", "token ids such as"},
+      {R"({"prompt": "a", "logit_bias": {"1": "2"}})", 400, "logit_bias", "must be a number"},
       {R"({"prompt": "a", "model": "gpt-4"})", 404, "model", "does not exist"},
       {R"([1, 2])", 400, "", "JSON object"},
       {R"({"prompt": )", 400, "", "not valid JSON"},
@@ -122,6 +128,22 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
   // What the defaults are may be sent explicitly.
   ok(R"({"prompt": "a", "echo": false, "best_of": 1, "presence_penalty": 0, "logit_bias": {}, "suffix": null,
          "user": "me", "max_tokens": null})");
+}
+
+TEST(OpenAiApi, LogitAdjustmentsReachEveryJob) {
+  const CompletionRequest r = ok(R"({"prompt": ["a", "b"], "n": 2, "presence_penalty": 0.5,
+                                     "frequency_penalty": -1, "logit_bias": {"50256": -100, "11": 2.5}})");
+  ASSERT_EQ(r.jobs.size(), 4u);
+  for (const transport::Submit& j : r.jobs) {
+    EXPECT_FLOAT_EQ(j.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(j.frequency_penalty, -1.0f);
+    auto bias = j.logit_bias;
+    std::sort(bias.begin(), bias.end());
+    EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{11, 2.5f}, {50256, -100.0f}}));
+  }
+  const CompletionRequest plain = ok(R"({"prompt": "a"})");
+  EXPECT_EQ(plain.jobs[0].presence_penalty, 0.0f);
+  EXPECT_TRUE(plain.jobs[0].logit_bias.empty());
 }
 
 TEST(OpenAiApi, ErrorsHaveOpenAisShapeAndRejectionsTheirStatus) {
@@ -163,6 +185,11 @@ TEST(OpenAi, RefusedJobsNameTheirFieldAsParam) {
   add([](auto& j) { j.stop = std::vector<std::string>(17, "x"); }, "stop");
   add([](auto& j) { j.stop = {""}; }, "stop");
   add([](auto& j) { j.stop = {std::string(2000, 'x')}; }, "stop");
+  add([](auto& j) { j.presence_penalty = 2.5f; }, "presence_penalty");
+  add([](auto& j) { j.frequency_penalty = -3.0f; }, "frequency_penalty");
+  add([](auto& j) { j.logit_bias = {{50257, 1.0f}}; }, "logit_bias");
+  add([](auto& j) { j.logit_bias = {{5, 1.0f}, {5, 2.0f}}; }, "logit_bias");
+  add([](auto& j) { j.logit_bias = {{5, 1000.0f}}; }, "logit_bias");
   for (const auto& [j, param] : cases) {
     const auto checked = actors::admit_job(j, tok, options);
     ASSERT_TRUE(std::holds_alternative<transport::Rejected>(checked)) << param;

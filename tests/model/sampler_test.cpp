@@ -435,6 +435,120 @@ TEST(Sampler, InvalidParamsThrow) {
   EXPECT_THROW(sample(dead.data(), 10, params(1.0f), 0), std::runtime_error);
 }
 
+// The logit adjustments are OpenAI's: each biased id gets its bias added,
+// then each id generated c > 0 times loses frequency_penalty * c +
+// presence_penalty; the draw is then the plain sampler's over that row, while
+// logprobs stay those of the raw row. The values here are exact in float
+// (multiples of 1/4, counts below 8), so the row written out below is the
+// sampler's to the bit however this file is compiled.
+TEST(Sampler, LogitAdjustmentsAreOpenAIsAndLogprobsStayRaw) {
+  const int64_t vocab = 50257;
+  const std::vector<int32_t> generated = {7, 50256, 7, 123, 7, 50256, 4000};
+  int changed = 0;
+  for (uint32_t row = 0; row < 4; ++row) {
+    const auto raw = gaussian_logits(vocab, row < 2 ? 2.0f : 0.5f, 300 + row);
+    const auto lt = torch::from_blob(const_cast<float*>(raw.data()), {vocab}, torch::kFloat);
+    const auto ref = torch::log_softmax(lt.to(torch::kDouble), 0);
+    for (const SamplingParams& base : {params(0.0f, 0, 1.0f, 1, 3), params(1.0f, 0, 1.0f, 2, 3),
+                                       params(0.8f, 40, 0.9f, 3, 3), params(1.0f, 0, 0.5f, 4, 3)}) {
+      SamplingParams p = base;
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 1.25f;
+      p.logit_bias = {{7, 2.0f}, {11, -100.0f}, {999, 3.75f}, {50256, 1.5f}};
+      std::vector<float> expect = raw;
+      for (const auto& [id, bias] : p.logit_bias) expect[id] = expect[id] + bias;
+      const std::map<int32_t, int> counts = {{7, 3}, {50256, 2}, {123, 1}, {4000, 1}};
+      for (const auto& [id, c] : counts)
+        expect[id] = expect[id] - (p.frequency_penalty * static_cast<float>(c) + p.presence_penalty);
+      for (int64_t pos = 20; pos < 30; ++pos) {
+        p.seed = base.seed * 100 + pos;
+        SamplingParams plain = base;
+        plain.seed = p.seed;
+        const auto before = raw;
+        const SampledToken got = sample(raw.data(), vocab, p, pos, Generated(generated));
+        EXPECT_EQ(raw, before) << "the caller's row is left as it was";
+        const SampledToken on_adjusted = sample(expect.data(), vocab, plain, pos);
+        const SampledToken on_raw = sample(raw.data(), vocab, plain, pos);
+        EXPECT_EQ(got.id, on_adjusted.id) << "row " << row << " pos " << pos;
+        EXPECT_NE(got.id, 11) << "a bias of -100 keeps the token out";
+        EXPECT_EQ(got.top, on_raw.top);
+        EXPECT_NEAR(got.logprob, ref[got.id].item<double>(), 1e-4);
+        changed += got.id != on_raw.id;
+      }
+    }
+  }
+  EXPECT_GT(changed, 10) << "the adjustments were meant to move many draws";
+  // Without generated tokens the penalties do nothing; a bias of +100 wins.
+  const auto l = gaussian_logits(vocab, 2.0f, 9);
+  SamplingParams p = params(0.0f);
+  p.presence_penalty = 2.0f;
+  p.frequency_penalty = 2.0f;
+  EXPECT_EQ(sample(l.data(), vocab, p, 5).id, sample(l.data(), vocab, params(0.0f), 5).id);
+  p.logit_bias = {{31337, 100.0f}};
+  EXPECT_EQ(sample(l.data(), vocab, p, 5).id, 31337);
+  for (float t : {0.5f, 1.0f, 2.0f}) {
+    SamplingParams hot = p;
+    hot.temperature = t;
+    EXPECT_EQ(sample(l.data(), vocab, hot, 5).id, 31337) << "T " << t;
+  }
+  // Counting matters: the frequency penalty grows with each repeat, the
+  // presence penalty does not.
+  std::vector<float> two = {1.0f, 0.0f};
+  SamplingParams freq = params(0.0f);
+  freq.frequency_penalty = 0.5f;
+  const std::vector<int32_t> zero_once = {0};
+  EXPECT_EQ(sample(two.data(), 2, freq, 0, Generated(zero_once)).id, 0);
+  const std::vector<int32_t> zero_thrice = {0, 0, 0};
+  EXPECT_EQ(sample(two.data(), 2, freq, 0, Generated(zero_thrice)).id, 1);
+  SamplingParams presence = params(0.0f);
+  presence.presence_penalty = 0.75f;
+  EXPECT_EQ(sample(two.data(), 2, presence, 0, Generated(zero_thrice)).id, 0);
+  presence.presence_penalty = 1.25f;
+  EXPECT_EQ(sample(two.data(), 2, presence, 0, Generated(zero_thrice)).id, 1);
+  // Negative penalties favour what was generated.
+  SamplingParams favour = params(0.0f);
+  favour.presence_penalty = -1.5f;
+  const std::vector<int32_t> one = {1};
+  EXPECT_EQ(sample(two.data(), 2, favour, 0, Generated(one)).id, 1);
+}
+
+TEST(Sampler, InvalidAdjustmentsThrow) {
+  const std::vector<float> l(10, 0.0f);
+  auto with = [](auto edit) {
+    SamplingParams p = params(1.0f);
+    edit(p);
+    return p;
+  };
+  auto bad = [&](const SamplingParams& p) {
+    EXPECT_THROW(validate(p), std::invalid_argument);
+    EXPECT_THROW(sample(l.data(), 10, p, 0), std::invalid_argument);
+  };
+  bad(with([](SamplingParams& p) { p.presence_penalty = 2.5f; }));
+  bad(with([](SamplingParams& p) { p.frequency_penalty = -2.01f; }));
+  bad(with([](SamplingParams& p) { p.frequency_penalty = NAN; }));
+  bad(with([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }));
+  bad(with([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }));
+  bad(with([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }));
+  bad(with([](SamplingParams& p) { p.logit_bias = {{4, 1.0f}, {3, 1.0f}}; }));
+  bad(with([](SamplingParams& p) { p.logit_bias = {{4, 1.0f}, {4, 2.0f}}; }));
+  bad(with([](SamplingParams& p) { p.logit_bias.assign(core::kMaxLogitBias + 1, {0, 0.0f}); }));
+  const SamplingParams edge = with([](SamplingParams& p) {
+    p.presence_penalty = -2.0f;
+    p.frequency_penalty = 2.0f;
+    p.logit_bias = {{0, -100.0f}, {9, 100.0f}};
+  });
+  EXPECT_NO_THROW(validate(edge));
+  EXPECT_NO_THROW(validate(edge, 10));
+  // The vocabulary: a biased or generated id outside it.
+  EXPECT_THROW(validate(edge, 9), std::invalid_argument);
+  EXPECT_THROW(sample(l.data(), 9, edge, 0), std::invalid_argument);
+  const std::vector<int32_t> outside = {3, 10};
+  EXPECT_THROW(sample(l.data(), 10, edge, 0, Generated(outside)), std::invalid_argument);
+  EXPECT_EQ(core::sorted_logit_bias({{9, 1.0f}, {2, -1.0f}}),
+            (std::vector<std::pair<int32_t, float>>{{2, -1.0f}, {9, 1.0f}}));
+  EXPECT_THROW(core::sorted_logit_bias({{9, 1.0f}, {9, -1.0f}}), std::invalid_argument);
+}
+
 TEST(Sampler, SampleRowsEqualsPerRowWhateverTheBatch) {
   const int64_t vocab = 50257;
   std::vector<std::vector<float>> rows;
@@ -461,6 +575,24 @@ TEST(Sampler, SampleRowsEqualsPerRowWhateverTheBatch) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(rev[7 - r].id, out[r].id);
   EXPECT_THROW(sample_rows(batch, {ps.begin(), ps.begin() + 7}, positions), std::invalid_argument);
   EXPECT_THROW(sample_rows(batch[0], {ps[0]}, {0}), std::invalid_argument);
+  // Each row's generated tokens go with it.
+  std::vector<std::vector<int32_t>> histories;
+  std::vector<Generated> generated;
+  auto penalized = ps;
+  for (int r = 0; r < 8; ++r) {
+    penalized[r].presence_penalty = 2.0f;
+    histories.push_back({out[r].id, out[(r + 1) % 8].id});
+  }
+  for (const auto& h : histories) generated.emplace_back(h);
+  const auto pen = sample_rows(batch, penalized, positions, generated);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(pen[r].id, sample(rows[r].data(), vocab, penalized[r], positions[r], generated[r]).id);
+    if (penalized[r].temperature == 0.0f) {
+      EXPECT_NE(pen[r].id, out[r].id) << "greedy row " << r;
+    }
+  }
+  EXPECT_THROW(sample_rows(batch, penalized, positions, {generated.begin(), generated.begin() + 7}),
+               std::invalid_argument);
   auto bad = ps;
   bad[5].top_p = 2.0f;
   EXPECT_THROW(sample_rows(batch, bad, positions), std::invalid_argument);

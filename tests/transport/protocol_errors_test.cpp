@@ -283,9 +283,11 @@ TEST(ProtocolErrors, HugeClaimsInShortFrames) {
 
 TEST(ProtocolErrors, DuplicateKeysAreMalformed) {
   std::string f = submit_frame();
-  // Append a second "tag" and bump the map's fixmap count (the frame has < 16 keys).
-  ASSERT_EQ(static_cast<uint8_t>(f[0]) & 0xf0, 0x80);
-  f[0] = static_cast<char>(f[0] + 1);
+  // Append a second "tag" and bump the map's count (a map16: the frame has 16-255 keys).
+  ASSERT_EQ(static_cast<uint8_t>(f[0]), 0xde);
+  ASSERT_EQ(f[1], 0);
+  ASSERT_LT(static_cast<uint8_t>(f[2]), 0xff);
+  f[2] = static_cast<char>(f[2] + 1);
   f += std::string("\xa3tag\x05");
   EXPECT_DECODE_ERROR(f, ErrorCode::kMalformed, "duplicate key \"tag\"");
 }

@@ -51,6 +51,9 @@ TEST(ProtocolRoundTrip, SubmitFieldsAndPromptForms) {
   EXPECT_EQ(text.logprobs, 3);
   EXPECT_TRUE(text.ignore_eos);
   EXPECT_EQ(text.priority, -2);
+  EXPECT_FLOAT_EQ(text.presence_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(text.frequency_penalty, -2.0f);
+  EXPECT_EQ(text.logit_bias, (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {11, 3.5f}}));
 
   auto ids = std::get<Submit>(decode_ok(encode(all[1])));
   EXPECT_FALSE(ids.prompt.has_value());
@@ -64,13 +67,20 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   const core::StepPlan& p = plan.plan;
   EXPECT_EQ(p.step_id, 77u);
   EXPECT_EQ(p.drop, (std::vector<uint64_t>{3, 1ull << 40}));
-  ASSERT_EQ(p.new_seqs.size(), 1u);
+  ASSERT_EQ(p.new_seqs.size(), 2u);
   EXPECT_EQ(p.new_seqs[0].tokens, (std::vector<int32_t>{50256, 0, 318, 1000000}));
   EXPECT_EQ(p.new_seqs[0].num_cached, 2);
   EXPECT_EQ(p.new_seqs[0].block_table, (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(p.new_seqs[0].sampling.seed, 0xdeadbeefcafeull);
   EXPECT_EQ(p.new_seqs[0].sampling.top_k, 40);
   EXPECT_EQ(p.new_seqs[0].sampling.logprobs, 5);
+  EXPECT_EQ(p.new_seqs[0].num_generated, 0);
+  EXPECT_FALSE(p.new_seqs[0].sampling.adjusts_logits());
+  EXPECT_EQ(p.new_seqs[1].num_generated, 7);
+  EXPECT_FLOAT_EQ(p.new_seqs[1].sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.new_seqs[1].sampling.frequency_penalty, -1.25f);
+  EXPECT_EQ(p.new_seqs[1].sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{3, -100.0f}, {50256, 7.5f}}));
   ASSERT_EQ(p.work.size(), 2u);
   EXPECT_EQ(p.work[1].seq_id, 12u);
   EXPECT_EQ(p.work[1].start_pos, 1023);
@@ -141,15 +151,20 @@ TEST(ProtocolRoundTrip, ReadsOtherKeyOrdersUnknownKeysAndNumberForms) {
   EXPECT_EQ(s.max_tokens, 16) << "absent keys keep their defaults";
 }
 
+// A plan frame up to its `plan` value, which the caller packs.
+void pack_plan_frame_start(msgpack::packer<msgpack::sbuffer>& pk) {
+  test::pack_header(pk, "plan", 2);
+  pk.pack(std::string("worker"));
+  pk.pack(0);
+  pk.pack(std::string("plan"));
+}
+
 // Records (msgpack arrays) from a newer peer may be longer: the extra
 // elements are skipped.
 TEST(ProtocolRoundTrip, LongerRecordsFromANewerPeerAreRead) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  test::pack_header(pk, "plan", 2);
-  pk.pack(std::string("worker"));
-  pk.pack(0);
-  pk.pack(std::string("plan"));
+  pack_plan_frame_start(pk);
   pk.pack_array(5);  // [step_id, drop, new_seqs, work, <future>]
   pk.pack(5);
   pk.pack_array(0);
@@ -168,6 +183,36 @@ TEST(ProtocolRoundTrip, LongerRecordsFromANewerPeerAreRead) {
   EXPECT_EQ(p.plan.work[0].seq_id, 8u);
   EXPECT_EQ(p.plan.work[0].start_pos, 100);
   EXPECT_TRUE(p.plan.work[0].sample);
+}
+
+// A sequence that adjusts no logits is written in the short layout (5
+// sampling elements, no num_generated): what every peer before the
+// adjustments wrote and reads.
+TEST(ProtocolRoundTrip, PlainSamplingKeepsTheShortLayout) {
+  core::StepPlan plain = test::sample_plan();
+  plain.new_seqs.resize(1);
+  core::StepPlan adjusted = plain;
+  adjusted.new_seqs[0].sampling.logit_bias = {{1, 1.5f}};
+  const size_t bytes = encode(Plan{0, plain}).size();
+  // Three elements more: presence and frequency (0: msgpack-c writes an
+  // integral float as an integer, 1 byte each), the list (header 1 byte) of
+  // one [id, bias] pair (header 1, id 1, float32 5).
+  EXPECT_EQ(encode(Plan{0, adjusted}).size(), bytes + 1 + 1 + 1 + 1 + 1 + 5);
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pack_plan_frame_start(pk);
+  pk.pack_array(4);
+  pk.pack(5);
+  pk.pack_array(0);
+  pk.pack_array(1);
+  pk.pack(std::make_tuple(9, std::vector<int>{1, 2}, 0, std::vector<int>{3},
+                          std::make_tuple(0.5, 3, 1.0, 7, -1)));
+  pk.pack_array(0);
+  auto p = std::get<Plan>(decode_ok(std::string(buf.data(), buf.size())));
+  ASSERT_EQ(p.plan.new_seqs.size(), 1u);
+  EXPECT_EQ(p.plan.new_seqs[0].num_generated, 0);
+  EXPECT_FLOAT_EQ(p.plan.new_seqs[0].sampling.temperature, 0.5f);
+  EXPECT_FALSE(p.plan.new_seqs[0].sampling.adjusts_logits());
 }
 
 TEST(ProtocolRoundTrip, ErrorReplyCarriesCodeMessageAndTag) {

@@ -19,7 +19,21 @@ inline core::StepPlan sample_plan() {
   ns.tokens = {50256, 0, 318, 1000000};
   ns.num_cached = 2;
   ns.block_table = {4, 5};
-  ns.sampling = {0.7f, 40, 0.9f, 0xdeadbeefcafeull, 5};
+  ns.sampling.temperature = 0.7f;
+  ns.sampling.top_k = 40;
+  ns.sampling.top_p = 0.9f;
+  ns.sampling.seed = 0xdeadbeefcafeull;
+  ns.sampling.logprobs = 5;
+  p.new_seqs.push_back(ns);
+  // A resumed sequence that adjusts its logits: the optional elements.
+  ns.seq_id = 12;
+  ns.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+  ns.num_cached = 0;
+  ns.num_generated = 7;
+  ns.block_table = {7, 8};
+  ns.sampling.presence_penalty = 0.5f;
+  ns.sampling.frequency_penalty = -1.25f;
+  ns.sampling.logit_bias = {{3, -100.0f}, {50256, 7.5f}};
   p.new_seqs.push_back(ns);
   p.work.push_back({9, 2, 2, {}, true});
   p.work.push_back({12, 1023, 1, {6}, false});
@@ -53,6 +67,9 @@ inline std::vector<Message> sample_messages() {
   s.logprobs = 3;
   s.ignore_eos = true;
   s.priority = -2;
+  s.presence_penalty = 0.25f;
+  s.frequency_penalty = -2.0f;
+  s.logit_bias = {{50256, -100.0f}, {11, 3.5f}};
   all.push_back(s);
   Submit ids = s;
   ids.prompt.reset();
