@@ -153,7 +153,10 @@ int run_batch(const BatchFlags& f) {
               {{"prompt_tokens", ev.usage.prompt_tokens},
                {"completion_tokens", ev.usage.completion_tokens},
                {"cached_tokens", ev.usage.cached_tokens}}}};
-      if (ev.finish_reason == core::FinishReason::kError) o["error"] = ev.error;
+      if (ev.finish_reason == core::FinishReason::kError) {
+        o["error"] = ev.error;
+        ++failed;
+      }
       if (job.logprobs) o["logprobs"] = job.output.value("logprobs", json::array());
       job.output = std::move(o);
       job.done = true;
@@ -183,7 +186,9 @@ int run_batch(const BatchFlags& f) {
                static_cast<long long>(st.prefix_query_tokens),
                st.prefix_query_tokens ? 100.0 * st.prefix_hit_tokens / st.prefix_query_tokens : 0.0,
                es.forward_ms > 0 ? 100.0 * es.schedule_ms / es.forward_ms : 0.0);
-  return 0;  // per-job errors are in the output file
+  // Every line has its output line (a failed job's names its error); the
+  // status says whether any failed, as `troupe submit`'s does.
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -69,6 +69,10 @@ void on_register(Self self, const std::string& peer, const transport::Register& 
     return;
   }
   auto& joined = std::get<Membership::Joined>(outcome);
+  if (joined.again) {  // a retransmission: the reply again, nothing else
+    send(self, peer, joined.reply);
+    return;
+  }
   for (uint64_t old : joined.replaced) lose(self, old);
   for (const JoinedWorker& w : joined.workers) {
     core::WorkerSpec spec;

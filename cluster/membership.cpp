@@ -1,8 +1,25 @@
 #include "cluster/membership.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <tuple>
 
 namespace troupe::cluster {
+namespace {
+
+// Whether `reg` is the register a node already made: its name and every
+// worker's report alike.
+bool same_node(const std::string& name, const std::vector<transport::WorkerInfo>& infos,
+               const transport::Register& reg) {
+  auto fields = [](const transport::WorkerInfo& w) {
+    return std::tie(w.index, w.device, w.num_blocks, w.block_size, w.max_model_len, w.vocab_size, w.threads,
+                    w.fingerprint);
+  };
+  return name == reg.node && std::equal(infos.begin(), infos.end(), reg.workers.begin(), reg.workers.end(),
+                                        [&](const auto& a, const auto& b) { return fields(a) == fields(b); });
+}
+
+}  // namespace
 
 Membership::Membership(const MembershipOptions& options, uint64_t first_worker_id)
     : options_(options), next_worker_id_(first_worker_id) {
@@ -35,6 +52,12 @@ std::variant<Membership::Joined, transport::Refused> Membership::on_register(
     }
   }
   Joined joined;
+  if (auto it = nodes_.find(peer); it != nodes_.end() && same_node(it->second.name, it->second.infos, reg)) {
+    it->second.liveness.on_message(now);
+    joined.reply = reply_for(it->second);
+    joined.again = true;
+    return joined;
+  }
   if (auto it = nodes_.find(peer); it != nodes_.end()) {
     for (const auto& [index, id] : it->second.workers) {
       joined.replaced.push_back(id);
@@ -42,18 +65,24 @@ std::variant<Membership::Joined, transport::Refused> Membership::on_register(
     }
     nodes_.erase(it);
   }
-  Node node{reg.node, {}, transport::Liveness(options_.liveness, now), false};
+  Node node{reg.node, {}, transport::Liveness(options_.liveness, now), false, reg.workers};
   for (const auto& w : reg.workers) {
     const uint64_t id = next_worker_id_++;
     node.workers[w.index] = id;
     where_[id] = {peer, w.index};
     joined.workers.push_back({id, reg.node, w});
-    joined.reply.workers.push_back({w.index, static_cast<uint32_t>(id)});
   }
-  joined.reply.heartbeat_ms = static_cast<int32_t>(options_.liveness.heartbeat_interval.count());
-  joined.reply.liveness = options_.liveness.liveness;
+  joined.reply = reply_for(node);
   nodes_.emplace(peer, std::move(node));
   return joined;
+}
+
+transport::Registered Membership::reply_for(const Node& node) const {
+  transport::Registered reply;
+  for (const auto& [index, id] : node.workers) reply.workers.push_back({index, static_cast<uint32_t>(id)});
+  reply.heartbeat_ms = static_cast<int32_t>(options_.liveness.heartbeat_interval.count());
+  reply.liveness = options_.liveness.liveness;
+  return reply;
 }
 
 bool Membership::on_message(const std::string& peer, transport::Clock::time_point now) {

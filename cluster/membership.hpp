@@ -47,12 +47,18 @@ class Membership {
 
   // A node (`peer` = its socket identity) registers. Returns the workers to
   // add to the batcher and the reply to send, or the reason to refuse it.
-  // A peer that registers again replaces its old record: `replaced` lists
-  // the old workers' ids (the batcher must drop them).
+  // A peer that registers again with other workers replaces its old record:
+  // `replaced` lists the old workers' ids (the batcher must drop them). The
+  // same register again from the same peer is a retransmission (the node
+  // sends it until a reply arrives, and ZeroMQ delivers what it queued while
+  // the head was away all at once): `again`, the same reply, nothing added
+  // or replaced. A node that really starts over (it lost the head) comes
+  // back on a new socket, under another peer identity.
   struct Joined {
     std::vector<JoinedWorker> workers;
     transport::Registered reply;
     std::vector<uint64_t> replaced;
+    bool again = false;
   };
   std::variant<Joined, transport::Refused> on_register(const std::string& peer,
                                                        const transport::Register& reg,
@@ -86,7 +92,9 @@ class Membership {
     std::map<uint32_t, uint64_t> workers;  // index -> worker id
     transport::Liveness liveness;
     bool draining = false;
+    std::vector<transport::WorkerInfo> infos;  // as registered
   };
+  transport::Registered reply_for(const Node& node) const;
   MembershipOptions options_;
   uint64_t next_worker_id_;
   std::map<std::string, Node> nodes_;                           // by peer

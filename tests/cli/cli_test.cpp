@@ -253,7 +253,7 @@ TEST(Cli, BatchRunsGoodLinesAndReportsBadOnesInOrder) {
   }
   auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
                               " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 64"));
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.status, 1) << "some jobs failed (each line says which)\n" << r.output;
   EXPECT_NE(r.output.find("requests: 7 (3 ok, 4 failed)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("prefix cache"), std::string::npos);
   auto out = read_jsonl(dir.file("out.jsonl"));
@@ -318,7 +318,7 @@ TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
   }
   auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
                             " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 16 --quiet"));
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.status, 1) << r.output;
   auto out = read_jsonl(dir.file("out.jsonl"));
   ASSERT_EQ(out.size(), std::size(cases) + 1);
   for (size_t i = 0; i < std::size(cases); ++i) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cluster/client.hpp"
@@ -94,11 +95,11 @@ void expect_same_tokens(const std::map<int, json>& ref, const std::vector<json>&
 // A head on ephemeral ports; `extra` are more serve flags.
 struct Head {
   Head(const TempDir& dir, const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {
-        bin(),          "serve", "--model",      tiny_model_dir(),         "--listen", "tcp://127.0.0.1:*",
-        "--num-blocks", "256",   "--ready-file", dir.file(name + ".ready")};
-    if (std::find(extra.begin(), extra.end(), "--worker-listen") == extra.end()) {
-      args.insert(args.end(), {"--worker-listen", "tcp://127.0.0.1:*"});
+    std::vector<std::string> args = {bin(),          "serve", "--model",      tiny_model_dir(),
+                                     "--num-blocks", "256",   "--ready-file", dir.file(name + ".ready")};
+    for (const char* flag : {"--listen", "--worker-listen"}) {
+      if (std::find(extra.begin(), extra.end(), flag) == extra.end())
+        args.insert(args.end(), {flag, "tcp://127.0.0.1:*"});
     }
     args.insert(args.end(), extra.begin(), extra.end());
     proc = std::make_unique<Process>(args, dir.file(name + ".log"));
@@ -201,6 +202,55 @@ TEST(Cluster, KillingAWorkerMidRunLosesAndRepeatsNothing) {
   ASSERT_TRUE(st);
   ASSERT_EQ(st->workers.size(), 1u) << "the killed node was declared lost";
   EXPECT_EQ(st->workers[0].node, "survivor");
+}
+
+// A head that dies and comes back on the same ports gets its node back once.
+// The node, having lost the head, sends its register again and again until a
+// reply comes; ZeroMQ queues those while the head is away and delivers them
+// all when it is back. Each copy gets the same answer: one join, the worker
+// id the node was told is the one the head uses, and jobs run.
+TEST(Cluster, AHeadRestartedOnItsPortsGetsItsNodeBackOnce) {
+  TempDir dir;
+  Head first(dir, "head1", {"--workers", "0", "--heartbeat-ms", "100"});
+  auto node = start_worker(dir, first, "node-a");
+  ASSERT_TRUE(first.wait_workers(1)) << first.proc->log();
+  first.proc->signal(SIGKILL);
+  ASSERT_TRUE(first.proc->wait(seconds(30)).has_value());
+  ASSERT_TRUE(
+      eventually([&] { return node->log().find("registering again") != std::string::npos; }, seconds(30)))
+      << node->log();
+  // Registers go out at once, then 1 s and 3 s later (the node's backoff):
+  // let at least two queue.
+  std::this_thread::sleep_for(milliseconds(2500));
+  Head second(dir, "head2",
+              {"--workers", "0", "--heartbeat-ms", "100", "--listen", first.listen, "--worker-listen",
+               first.worker_listen});
+  ASSERT_TRUE(second.wait_workers(1)) << second.proc->log();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string log = node->log();
+        return log.find("registered", log.find("registering again")) != std::string::npos;
+      },
+      seconds(30)))
+      << node->log();
+  std::this_thread::sleep_for(milliseconds(500));  // any copy still on its way
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_GE(count(node->log(), "registering again"), 1u);
+  EXPECT_EQ(count(second.proc->log(), "node 'node-a' joined"), 1u) << second.proc->log();
+  auto st = second.status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->workers.size(), 1u);
+  const std::string told = node->log().substr(node->log().rfind("worker ids ") + 11);
+  EXPECT_EQ(std::stoul(told), st->workers[0].id) << node->log();
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 4, 8, 11);
+  auto submit = start_submit(dir, second, jobs, dir.file("out.jsonl"));
+  ASSERT_EQ(submit->wait(seconds(120)), std::optional<int>(0)) << submit->log() << second.proc->log();
+  expect_same_tokens(reference(dir, jobs), read_jsonl(dir.file("out.jsonl")), 4);
 }
 
 TEST(Cluster, HostileClientsLeaveTheServerServing) {

@@ -1,0 +1,145 @@
+// Membership: the head's record of worker nodes, driven directly (no
+// sockets): registration and its retransmissions, refusals, loss, drain.
+#include "cluster/membership.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <variant>
+
+namespace troupe::cluster {
+namespace {
+
+using std::chrono::milliseconds;
+using transport::Clock;
+
+MembershipOptions options() {
+  MembershipOptions o;
+  o.liveness.heartbeat_interval = milliseconds(100);
+  o.liveness.liveness = 3;
+  o.fingerprint = 77;
+  o.vocab_size = 50257;
+  o.max_workers_per_node = 4;
+  return o;
+}
+
+transport::Register node(const std::string& name, uint32_t workers) {
+  transport::Register r;
+  r.node = name;
+  for (uint32_t i = 0; i < workers; ++i) {
+    transport::WorkerInfo w;
+    w.index = i;
+    w.device = "cpu";
+    w.num_blocks = 64;
+    w.block_size = 16;
+    w.max_model_len = 1024;
+    w.vocab_size = 50257;
+    w.fingerprint = 77;
+    r.workers.push_back(w);
+  }
+  return r;
+}
+
+Membership::Joined joined(std::variant<Membership::Joined, transport::Refused> outcome) {
+  if (auto* no = std::get_if<transport::Refused>(&outcome)) ADD_FAILURE() << "refused: " << no->reason;
+  return std::get<Membership::Joined>(outcome);
+}
+
+std::vector<uint32_t> ids(const transport::Registered& reply) {
+  std::vector<uint32_t> out;
+  for (const auto& w : reply.workers) out.push_back(w.worker_id);
+  return out;
+}
+
+// A node sends its register until a reply arrives; what ZeroMQ queued while
+// the head was away arrives all at once. Each copy gets the same answer and
+// changes nothing.
+TEST(Membership, ARetransmittedRegisterGetsTheSameIdsAndChangesNothing) {
+  Membership m(options(), 1);
+  const auto now = Clock::now();
+  const Membership::Joined first = joined(m.on_register("peer-a", node("a", 2), now));
+  EXPECT_FALSE(first.again);
+  ASSERT_EQ(first.workers.size(), 2u);
+  EXPECT_EQ(ids(first.reply), (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(first.reply.heartbeat_ms, 100);
+  EXPECT_EQ(first.reply.liveness, 3);
+  for (int copy = 0; copy < 3; ++copy) {
+    const Membership::Joined again = joined(m.on_register("peer-a", node("a", 2), now + milliseconds(10)));
+    EXPECT_TRUE(again.again);
+    EXPECT_TRUE(again.workers.empty());
+    EXPECT_TRUE(again.replaced.empty());
+    EXPECT_EQ(ids(again.reply), (std::vector<uint32_t>{1, 2}));
+  }
+  EXPECT_EQ(m.num_nodes(), 1u);
+  EXPECT_EQ(m.worker_id("peer-a", 1), std::optional<uint64_t>(2));
+  // A copy counts as a beat: 3 intervals of 100 ms after the first
+  // register the node is not lost, 3 after the last copy it is.
+  EXPECT_TRUE(m.take_lost(now + milliseconds(305)).empty());
+  EXPECT_EQ(m.take_lost(now + milliseconds(310)), (std::vector<uint64_t>{1, 2}));
+}
+
+// The same peer with other workers replaces its record; a node back on a new
+// socket (another peer) gets new ids, never reused ones.
+TEST(Membership, AnotherRegisterReplacesAndANewPeerGetsNewIds) {
+  Membership m(options(), 5);
+  const auto now = Clock::now();
+  joined(m.on_register("peer-a", node("a", 2), now));
+  transport::Register bigger = node("a", 3);
+  const Membership::Joined replaced = joined(m.on_register("peer-a", bigger, now));
+  EXPECT_FALSE(replaced.again);
+  EXPECT_EQ(replaced.replaced, (std::vector<uint64_t>{5, 6}));
+  EXPECT_EQ(ids(replaced.reply), (std::vector<uint32_t>{7, 8, 9}));
+  transport::Register other_pool = node("a", 3);
+  other_pool.workers[1].num_blocks = 32;
+  EXPECT_FALSE(joined(m.on_register("peer-a", other_pool, now)).again) << "a changed report is no copy";
+  const Membership::Joined back = joined(m.on_register("peer-b", node("a", 3), now));
+  EXPECT_FALSE(back.again);
+  EXPECT_TRUE(back.replaced.empty());
+  EXPECT_EQ(ids(back.reply), (std::vector<uint32_t>{13, 14, 15}));
+  EXPECT_EQ(m.num_nodes(), 2u);
+}
+
+TEST(Membership, RefusesNodesThatCannotServeTheHeadsModel) {
+  Membership m(options(), 1);
+  const auto now = Clock::now();
+  auto refused = [&](transport::Register r, const std::string& words) {
+    auto outcome = m.on_register("peer", r, now);
+    ASSERT_TRUE(std::holds_alternative<transport::Refused>(outcome)) << words;
+    EXPECT_NE(std::get<transport::Refused>(outcome).reason.find(words), std::string::npos)
+        << std::get<transport::Refused>(outcome).reason;
+  };
+  refused(node("a", 0), "at least one worker");
+  refused(node("a", 5), "at most 4 workers");
+  transport::Register twice = node("a", 2);
+  twice.workers[1].index = 0;
+  refused(twice, "index given twice");
+  transport::Register other = node("a", 1);
+  other.workers[0].fingerprint = 78;
+  refused(other, "serves another model");
+  transport::Register vocab = node("a", 1);
+  vocab.workers[0].vocab_size = 100;
+  refused(vocab, "vocabulary of 100");
+  transport::Register pool = node("a", 1);
+  pool.workers[0].num_blocks = 0;
+  refused(pool, "unusable KV pool");
+  EXPECT_EQ(m.num_nodes(), 0u);
+}
+
+TEST(Membership, ADrainedNodeIsForgottenWithItsLastWorker) {
+  Membership m(options(), 1);
+  const auto now = Clock::now();
+  joined(m.on_register("peer-a", node("a", 2), now));
+  EXPECT_EQ(m.drain("peer-a"), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(m.forget_worker(1), std::nullopt);
+  // A late copy of its register names the worker it still has.
+  const Membership::Joined late = joined(m.on_register("peer-a", node("a", 2), now));
+  EXPECT_TRUE(late.again);
+  EXPECT_EQ(ids(late.reply), (std::vector<uint32_t>{2}));
+  EXPECT_EQ(m.address(2), (std::optional<std::pair<std::string, uint32_t>>{{"peer-a", 1}}));
+  EXPECT_EQ(m.forget_worker(2), std::optional<std::string>("peer-a"));
+  EXPECT_EQ(m.num_nodes(), 0u);
+  EXPECT_FALSE(m.on_message("peer-a", now));
+}
+
+}  // namespace
+}  // namespace troupe::cluster
