@@ -86,6 +86,7 @@ std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tok
   sampling.logprobs = job.logprobs;
   sampling.presence_penalty = job.presence_penalty;
   sampling.frequency_penalty = job.frequency_penalty;
+  sampling.repetition_penalty = job.repetition_penalty;
   try {
     sampling.logit_bias = core::sorted_logit_bias(job.logit_bias);
     core::validate(sampling, options_.vocab_size);

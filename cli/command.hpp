@@ -41,9 +41,11 @@ const CLI::Validator& non_negative_number();
 // "1,2,3" -> ids; throws std::invalid_argument naming the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text);
 
-// The logit flags of one job: --presence-penalty, --frequency-penalty and
-// --logit-bias ID=BIAS (repeatable; turned into pairs by parse_logit_bias).
-void add_logit_flags(CLI::App* sub, float& presence, float& frequency, std::vector<std::string>& bias);
+// The logit flags of one job: --presence-penalty, --frequency-penalty,
+// --repetition-penalty and --logit-bias ID=BIAS (repeatable; turned into
+// pairs by parse_logit_bias).
+void add_logit_flags(CLI::App* sub, float& presence, float& frequency, float& repetition,
+                     std::vector<std::string>& bias);
 // {"50256=-100", "11=2.5"} -> (id, bias) pairs; throws std::invalid_argument
 // naming the bad item. Ranges and the vocabulary are the router's check.
 std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::vector<std::string>& items);

@@ -29,7 +29,8 @@ using Clock = std::chrono::steady_clock;
 struct GenerateFlags {
   std::string model, prompt, prompt_ids, mode = "kv", device = "cpu";
   int32_t max_tokens = 16;
-  float temperature = 0.0f, top_p = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  float temperature = 0.0f, top_p = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f,
+        repetition_penalty = 1.0f;
   int32_t top_k = 0, logprobs = -1;
   std::vector<std::string> logit_bias;
   uint64_t seed = 0;
@@ -159,6 +160,7 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
   opt.sampling.logprobs = f.logprobs;
   opt.sampling.presence_penalty = f.presence_penalty;
   opt.sampling.frequency_penalty = f.frequency_penalty;
+  opt.sampling.repetition_penalty = f.repetition_penalty;
   opt.sampling.logit_bias = core::sorted_logit_bias(parse_logit_bias(f.logit_bias));
   opt.stop = f.stop;
   opt.ignore_eos = f.ignore_eos;
@@ -262,7 +264,7 @@ void add_generate_command(CLI::App& app, Registry& registry) {
   sub->add_option("--stop", f->stop, "Stop string (repeatable); the text ends before it");
   sub->add_option("--logprobs", f->logprobs, "Return logprobs of each token and its top K alternatives (0-20)")
       ->check(CLI::Range(0, 20));
-  add_logit_flags(sub, f->presence_penalty, f->frequency_penalty, f->logit_bias);
+  add_logit_flags(sub, f->presence_penalty, f->frequency_penalty, f->repetition_penalty, f->logit_bias);
   sub->add_flag("--ignore-eos", f->ignore_eos, "Keep going after <|endoftext|>");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   sub->add_flag("--json", f->json, "Print one JSON object instead of streaming text");

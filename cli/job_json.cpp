@@ -25,6 +25,7 @@ const std::set<std::string> kFields = {"id",
                                        "presence_penalty",
                                        "frequency_penalty",
                                        "logit_bias",
+                                       "repetition_penalty",
                                        "priority"};
 
 // An integer field within [lo, hi] of its type, or an error naming it: never
@@ -136,6 +137,10 @@ transport::Submit parse_job_json(const json& j) {
   if (j.contains("frequency_penalty"))
     r.frequency_penalty = get_float(j, "frequency_penalty", penalty, "a number in [-2, 2]");
   if (j.contains("logit_bias")) r.logit_bias = get_logit_bias(j["logit_bias"]);
+  if (j.contains("repetition_penalty"))
+    r.repetition_penalty = get_float(
+        j, "repetition_penalty", [](float x) { return x > 0 && x <= core::kMaxRepetitionPenalty; },
+        "a number in (0, 10]");
   if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
   return r;
 }

@@ -102,13 +102,19 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
   return ids;
 }
 
-void add_logit_flags(CLI::App* sub, float& presence, float& frequency, std::vector<std::string>& bias) {
+void add_logit_flags(CLI::App* sub, float& presence, float& frequency, float& repetition,
+                     std::vector<std::string>& bias) {
   sub->add_option("--presence-penalty", presence,
                   "Subtracted from the logit of every token generated so far, once ([-2, 2]; 0 = off)")
       ->check(CLI::Range(-2.0, 2.0));
   sub->add_option("--frequency-penalty", frequency,
                   "Subtracted from a token's logit per time it was generated so far ([-2, 2]; 0 = off)")
       ->check(CLI::Range(-2.0, 2.0));
+  sub->add_option(
+         "--repetition-penalty", repetition,
+         "Divides the positive logits (multiplies the others) of every token in the prompt or generated "
+         "so far ((0, 10]; 1 = off)")
+      ->check(CLI::Range(0.0, 10.0));
   sub->add_option("--logit-bias", bias, "ID=BIAS: add BIAS ([-100, 100]) to token ID's logit (repeatable)");
 }
 

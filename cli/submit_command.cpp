@@ -396,7 +396,7 @@ void add_submit_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--logprobs", j.logprobs, "Logprobs of the K most likely tokens (-1 = none)")
         ->check(CLI::Range(-1, 20));
     sub->add_flag("--ignore-eos", j.ignore_eos, "Generate past <|endoftext|>");
-    add_logit_flags(sub, j.presence_penalty, j.frequency_penalty, f->logit_bias);
+    add_logit_flags(sub, j.presence_penalty, j.frequency_penalty, j.repetition_penalty, f->logit_bias);
     sub->add_option("--priority", j.priority, "Lower runs first");
     sub->add_option("--max-in-flight", f->max_in_flight, "Jobs of --input in flight at once (0 = all)")
         ->check(non_negative_number());

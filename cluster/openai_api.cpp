@@ -133,9 +133,6 @@ void refuse_unsupported(const json& b, int32_t n) {
   if (const json* v = field(b, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n) {
     bad("best_of", "best_of is not supported (it must equal n)");
   }
-  if (const json* v = field(b, "repetition_penalty"); v && number(*v, "repetition_penalty") != 1.0) {
-    bad("repetition_penalty", "repetition_penalty is not supported");
-  }
   if (const json* v = field(b, "min_tokens"); v && integer(*v, "min_tokens", 0, kI32Max) != 0) {
     bad("min_tokens", "min_tokens is not supported");
   }
@@ -183,6 +180,8 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   if (const json* v = field(b, "frequency_penalty"))
     base.frequency_penalty = static_cast<float>(number(*v, "frequency_penalty"));
   if (const json* v = field(b, "logit_bias")) base.logit_bias = logit_bias(*v);
+  if (const json* v = field(b, "repetition_penalty"))  // vLLM's extension
+    base.repetition_penalty = static_cast<float>(number(*v, "repetition_penalty"));
   if (const json* v = field(b, "priority")) {
     base.priority =
         static_cast<int32_t>(integer(*v, "priority", std::numeric_limits<int32_t>::min(), kI32Max));
@@ -260,6 +259,7 @@ ApiError from_rejected(const transport::Rejected& r) {
       {"sampling: presence_penalty", "presence_penalty"},
       {"sampling: frequency_penalty", "frequency_penalty"},
       {"sampling: logit_bias", "logit_bias"},
+      {"sampling: repetition_penalty", "repetition_penalty"},
       {"prompt", "prompt"},
       {"the prompt", "prompt"},
       {"max_tokens", "max_tokens"}};

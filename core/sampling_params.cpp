@@ -36,6 +36,9 @@ void validate(const SamplingParams& p) {
   };
   penalty("presence_penalty", p.presence_penalty);
   penalty("frequency_penalty", p.frequency_penalty);
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= kMaxRepetitionPenalty))
+    throw std::invalid_argument("sampling: repetition_penalty must be in (0, 10] (1 = off), got " +
+                                number(p.repetition_penalty));
   if (p.logit_bias.size() > kMaxLogitBias)
     throw std::invalid_argument("sampling: logit_bias has " + std::to_string(p.logit_bias.size()) +
                                 " entries, at most " + std::to_string(kMaxLogitBias));

@@ -12,8 +12,9 @@ namespace troupe::core {
 // Largest K accepted in SamplingParams::logprobs.
 constexpr int32_t kMaxLogprobs = 20;
 // Bounds of the logit adjustments (OpenAI's): |penalty| <= 2, |bias| <= 100,
-// and at most kMaxLogitBias biased ids.
+// and at most kMaxLogitBias biased ids; repetition_penalty in (0, 10].
 constexpr float kMaxPenalty = 2.0f;
+constexpr float kMaxRepetitionPenalty = 10.0f;
 constexpr float kMaxBias = 100.0f;
 constexpr size_t kMaxLogitBias = 1024;
 
@@ -27,17 +28,23 @@ struct SamplingParams {
   float top_p = 1.0f;        // nucleus: smallest set with mass >= top_p; 1 = off; (0, 1]
   uint64_t seed = 0;         // always set by the time a plan carries it (router or scheduler picks one)
   int32_t logprobs = -1;     // -1 = no logprobs; K in [0, kMaxLogprobs] = chosen token's logprob + top K
-  // Adjustments to the raw logits before temperature, top-k and top-p
-  // (OpenAI's definitions): logit[t] + bias[t] - (frequency_penalty * c[t] +
-  // presence_penalty) where c[t] > 0, c[t] being how many times t was
-  // generated so far in this sequence (the prompt does not count).
+  // Adjustments to the raw logits before temperature, top-k and top-p, in
+  // this order: logit[t] + bias[t] (OpenAI's logit_bias); then for every t
+  // in the prompt or generated so far, / repetition_penalty when positive,
+  // * repetition_penalty otherwise (CTRL's, as Hugging Face and vLLM apply
+  // it); then - (frequency_penalty * c[t] + presence_penalty) where c[t] > 0,
+  // c[t] being how many times t was generated so far (OpenAI's; the prompt
+  // does not count).
   float presence_penalty = 0.0f;                      // [-kMaxPenalty, kMaxPenalty]
   float frequency_penalty = 0.0f;                     // [-kMaxPenalty, kMaxPenalty]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias), ids strictly increasing
+  float repetition_penalty = 1.0f;                    // (0, kMaxRepetitionPenalty]; 1 = off
 
-  // Whether the sampler needs the sequence's generated tokens.
-  bool penalizes() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
-  bool adjusts_logits() const { return penalizes() || !logit_bias.empty(); }
+  // Whether the sampler needs the generated tokens (counts_generated), or
+  // the prompt's as well (repeats_prompt).
+  bool counts_generated() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  bool repeats_prompt() const { return repetition_penalty != 1.0f; }
+  bool adjusts_logits() const { return counts_generated() || repeats_prompt() || !logit_bias.empty(); }
 };
 
 // One sampled token, with what the request asked to know about it.
@@ -49,7 +56,8 @@ struct SampledToken {
 
 // Throws std::invalid_argument unless temperature is finite and >= 0,
 // top_k >= 0, top_p is in (0, 1], logprobs is in [-1, kMaxLogprobs], the
-// penalties are in [-kMaxPenalty, kMaxPenalty], and logit_bias has at most
+// penalties are in [-kMaxPenalty, kMaxPenalty], repetition_penalty in
+// (0, kMaxRepetitionPenalty], and logit_bias has at most
 // kMaxLogitBias entries, ids >= 0 strictly increasing, biases in
 // [-kMaxBias, kMaxBias].
 void validate(const SamplingParams& params);

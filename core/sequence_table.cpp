@@ -330,10 +330,13 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     c.block_table.assign(en.blocks.begin(), en.blocks.end());
     c.sample = w.sample;
     c.sampling = en.sampling;
-    if (w.sample && en.sampling.penalizes())
-      c.generated.assign(en.tokens.begin() + en.num_prompt, en.tokens.end());
-    else
-      c.generated.clear();
+    c.history.clear();
+    c.history_prompt = 0;
+    if (w.sample && (en.sampling.counts_generated() || en.sampling.repeats_prompt())) {
+      const int32_t from = en.sampling.repeats_prompt() ? 0 : en.num_prompt;
+      c.history.assign(en.tokens.begin() + from, en.tokens.end());
+      c.history_prompt = en.num_prompt - from;
+    }
   }
   step.chunks.resize(n_chunks);
 }

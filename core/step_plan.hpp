@@ -83,7 +83,11 @@ struct SeqChunk {
   std::vector<int32_t> block_table;  // the sequence's blocks, covering start_pos + token_ids.size() slots
   bool sample = false;               // sample a token after the last one
   SamplingParams sampling;
-  std::vector<int32_t> generated;  // sample && sampling.penalizes(): the tokens generated so far
+  // sample && the sampling counts tokens: the tokens so far, the last of them
+  // generated (history_prompt leading ones are the prompt's; only when the
+  // sampling repeats_prompt() is the prompt there at all).
+  std::vector<int32_t> history;
+  int32_t history_prompt = 0;
 };
 
 }  // namespace troupe::core

@@ -61,7 +61,7 @@ GenerateResult generate(const Gpt2& model, const Tokenizer& tokenizer, const std
   const auto t0 = Clock::now();
   auto t_first = t0;
   const int64_t prompt_len = static_cast<int64_t>(prompt_ids.size());
-  std::vector<int32_t> seq = prompt_ids;  // kNaive: the whole sequence so far
+  std::vector<int32_t> seq = prompt_ids;  // the whole sequence so far (kNaive runs it; the sampler counts it)
   ContiguousKv cache;
   if (mode == GenerateMode::kKv) cache = model.make_contiguous_cache(prompt_len + options.max_tokens);
   std::vector<int32_t> feed = prompt_ids;  // kKv: tokens not yet in the cache
@@ -72,7 +72,8 @@ GenerateResult generate(const Gpt2& model, const Tokenizer& tokenizer, const std
                                ? model.forward_full(seq)
                                : model.forward_contiguous(feed, cache, LogitRows::kLast);
     const torch::Tensor last = logits.narrow(0, logits.size(0) - 1, 1);  // [1, vocab]
-    const SampledToken tok = sample_rows(last, {options.sampling}, {prompt_len + i}, {Generated(r.ids)})[0];
+    const SampledToken tok =
+        sample_rows(last, {options.sampling}, {prompt_len + i}, {History(seq, prompt_ids.size())})[0];
     if (step_logits) step_logits->push_back(last[0].to(torch::kCPU, torch::kFloat).clone());
     if (i == 0) t_first = Clock::now();
     r.ids.push_back(tok.id);

@@ -324,7 +324,7 @@ void fill_logprobs(const SamplerKernels& k, const float* l, int64_t vocab, const
 
 // The row with p's adjustments applied (sample()'s order and rounding), in a
 // buffer of the calling thread's that lives until its next call.
-const float* adjusted_row(const float* logits, int64_t vocab, const SamplingParams& p, Generated generated) {
+const float* adjusted_row(const float* logits, int64_t vocab, const SamplingParams& p, History history) {
   thread_local std::vector<float> row;
   thread_local std::vector<int32_t> ids;
   row.assign(logits, logits + vocab);
@@ -336,17 +336,27 @@ const float* adjusted_row(const float* logits, int64_t vocab, const SamplingPara
     if (id < 0 || id >= vocab) throw outside("logit_bias", id);
     row[id] = row[id] + bias;
   }
-  if (!p.penalizes() || generated.size == 0) return row.data();
-  ids.assign(generated.ids, generated.ids + generated.size);
-  std::sort(ids.begin(), ids.end());
-  for (size_t i = 0; i < ids.size();) {
-    const int32_t id = ids[i];
-    if (id < 0 || id >= vocab) throw outside("a generated token", id);
-    size_t j = i;
-    while (j < ids.size() && ids[j] == id) ++j;
-    const float count = static_cast<float>(j - i);
-    row[id] = row[id] - (p.frequency_penalty * count + p.presence_penalty);
-    i = j;
+  // Each distinct id of ids[from, size) once, with how often it occurs.
+  auto each_distinct = [&](size_t from, auto&& f) {
+    ids.assign(history.ids + from, history.ids + history.size);
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      const int32_t id = ids[i];
+      if (id < 0 || id >= vocab) throw outside("an earlier token", id);
+      size_t j = i;
+      while (j < ids.size() && ids[j] == id) ++j;
+      f(id, static_cast<float>(j - i));
+      i = j;
+    }
+  };
+  if (p.repeats_prompt()) {
+    const float r = p.repetition_penalty;
+    each_distinct(0, [&](int32_t id, float) { row[id] = row[id] > 0.0f ? row[id] / r : row[id] * r; });
+  }
+  if (p.counts_generated() && history.size > history.prompt) {
+    each_distinct(history.prompt, [&](int32_t id, float count) {
+      row[id] = row[id] - (p.frequency_penalty * count + p.presence_penalty);
+    });
   }
   return row.data();
 }
@@ -375,7 +385,7 @@ const SamplerKernels& sampler_kernels(CpuIsa isa) {
 }
 
 SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p, int64_t position,
-                    Generated generated) {
+                    History history) {
   validate(p);
   if (vocab < 1) throw std::invalid_argument("sampling: vocab must be >= 1, got " + std::to_string(vocab));
   const SamplerKernels& k = sampler_kernels(kernel_isa());
@@ -384,7 +394,7 @@ SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p,
   if (raw.max == -INFINITY) throw std::runtime_error("sampler: every logit is -inf, nothing can be sampled");
   // The adjustments are finite (bounded biases and penalties), so the
   // adjusted row has no NaN or +inf and keeps every finite logit finite.
-  const float* l = p.adjusts_logits() ? adjusted_row(logits, vocab, p, generated) : logits;
+  const float* l = p.adjusts_logits() ? adjusted_row(logits, vocab, p, history) : logits;
   const LogitScan s = l == logits ? raw : k.scan(l, vocab);
   SampledToken out;
   scratch().exp_of = nullptr;  // nothing computed for an earlier row is reused
@@ -397,7 +407,7 @@ SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p,
 
 std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vector<SamplingParams>& params,
                                       const std::vector<int64_t>& positions,
-                                      const std::vector<Generated>& generated) {
+                                      const std::vector<History>& history) {
   if (logits.dim() != 2 || !at::isFloatingType(logits.scalar_type()))
     throw std::invalid_argument("sample_rows: logits must be a floating [rows, vocab] tensor, got " +
                                 std::to_string(logits.dim()) + " dims");
@@ -407,9 +417,9 @@ std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vecto
     throw std::invalid_argument("sample_rows: " + std::to_string(rows) + " logit rows but " +
                                 std::to_string(params.size()) + " params and " +
                                 std::to_string(positions.size()) + " positions");
-  if (!generated.empty() && static_cast<int64_t>(generated.size()) != rows)
+  if (!history.empty() && static_cast<int64_t>(history.size()) != rows)
     throw std::invalid_argument("sample_rows: " + std::to_string(rows) + " logit rows but " +
-                                std::to_string(generated.size()) + " generated lists");
+                                std::to_string(history.size()) + " histories");
   for (const auto& p : params) validate(p, vocab);
   std::vector<SampledToken> out(rows);
   if (rows == 0) return out;
@@ -422,8 +432,8 @@ std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vecto
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t r = next.fetch_add(1); r < rows; r = next.fetch_add(1))
-      out[r] = sample(base + r * vocab, vocab, params[r], positions[r],
-                      generated.empty() ? Generated{} : generated[r]);
+      out[r] =
+          sample(base + r * vocab, vocab, params[r], positions[r], history.empty() ? History{} : history[r]);
   });
   return out;
 }

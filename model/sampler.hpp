@@ -69,22 +69,26 @@ float gumbel_noise(uint64_t seed, int64_t position, int32_t token);
 // v = (k - k / 2^24 + 0.5) / 2^31, g = -log(-log1p(-v)). For tests and tools.
 uint32_t gumbel_noise_bits(uint64_t seed, int64_t position, int32_t token);
 
-// The tokens a sequence generated before the one being sampled: what
-// presence_penalty and frequency_penalty count. Empty: none.
-struct Generated {
+// The tokens of a sequence before the one being sampled: ids[0, prompt) its
+// prompt's (repetition_penalty counts them), ids[prompt, size) generated
+// (every penalty counts them). A caller may leave the prompt out (prompt 0)
+// when the params do not repeat_prompt(). Empty: none.
+struct History {
   const int32_t* ids = nullptr;
   size_t size = 0;
-  Generated() = default;
-  Generated(const int32_t* i, size_t n) : ids(i), size(n) {}
-  explicit Generated(const std::vector<int32_t>& v) : ids(v.data()), size(v.size()) {}
+  size_t prompt = 0;
+  History() = default;
+  explicit History(const std::vector<int32_t>& v, size_t prompt_len = 0)
+      : ids(v.data()), size(v.size()), prompt(prompt_len) {}
 };
 
 // Samples one token from `logits[0, vocab)` (raw, unscaled). `position` is the
 // index in its sequence of the token being sampled (prompt_len for the first
 // generated token). Order of operations: the logit adjustments, in float and
-// in this order, each id's bias added, then for each id generated c > 0
-// times, frequency_penalty * c + presence_penalty subtracted (OpenAI's
-// definitions; the row is copied first, `logits` is never written); greedy
+// in this order (core::SamplingParams; the row is copied first, `logits` is
+// never written): each id's bias added; each id of `history` divided by
+// repetition_penalty when positive, multiplied otherwise; each id generated
+// c > 0 times less frequency_penalty * c + presence_penalty; then greedy
 // if temperature == 0; else logits / temperature, keep the top_k most likely,
 // keep the smallest prefix (in rank order) whose probability mass is >= top_p
 // (at least one token), then take the argmax of logit / temperature +
@@ -93,17 +97,17 @@ struct Generated {
 // adjustment, no temperature) at the chosen id and `top` holds the K most
 // likely ids under the raw logits, most likely first; when it is -1,
 // `logprob` is 0 and `top` empty. Throws std::invalid_argument on bad params,
-// a logit_bias or generated id outside [0, vocab), or vocab < 1, and
+// a logit_bias or history id outside [0, vocab), or vocab < 1, and
 // std::runtime_error when the logits hold NaN or +inf, or are all -inf.
 SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& params, int64_t position,
-                    Generated generated = {});
+                    History history = {});
 
 // Samples row r of `logits` [R, V] (any floating dtype, any device: copied to
-// CPU fp32 once) with params[r] at positions[r], after generated[r] (when
-// `generated` is empty, no row has generated tokens); rows run in parallel
+// CPU fp32 once) with params[r] at positions[r], after history[r] (when
+// `history` is empty, no row has one); rows run in parallel
 // (at::parallel_for). All params are validated before any row is sampled.
 std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vector<SamplingParams>& params,
                                       const std::vector<int64_t>& positions,
-                                      const std::vector<Generated>& generated = {});
+                                      const std::vector<History>& history = {});
 
 }  // namespace troupe::model

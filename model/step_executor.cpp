@@ -141,20 +141,20 @@ std::vector<core::SeqOutput> StepExecutor::run(const std::vector<core::SeqChunk>
   std::vector<SamplingParams> params;
   std::vector<int64_t> positions;
   std::vector<uint64_t> ids;
-  std::vector<Generated> generated;
+  std::vector<History> history;
   for (const core::SeqChunk& c : chunks) {
     if (!c.sample) continue;
     params.push_back(c.sampling);
     positions.push_back(c.start_pos + static_cast<int64_t>(c.token_ids.size()));
     ids.push_back(c.seq_id);
-    generated.emplace_back(c.generated);
+    history.emplace_back(c.history, static_cast<size_t>(c.history_prompt));
   }
   if (ids.empty()) return outputs;
   // Copying the logits to the CPU waits for the device, so the time of the
   // step covers the whole forward pass.
   std::vector<core::SampledToken> tokens;
   try {
-    tokens = sample_rows(logits, params, positions, generated);
+    tokens = sample_rows(logits, params, positions, history);
   } catch (const std::runtime_error&) {
     // A row that cannot be sampled (NaN or +inf logits) fails its sequence
     // only: sample the rows one by one to find it.
@@ -163,7 +163,7 @@ std::vector<core::SeqOutput> StepExecutor::run(const std::vector<core::SeqChunk>
     for (size_t r = 0; r < ids.size(); ++r) {
       try {
         core::SampledToken t = sample(cpu.data_ptr<float>() + static_cast<int64_t>(r) * vocab, vocab,
-                                      params[r], positions[r], generated[r]);
+                                      params[r], positions[r], history[r]);
         outputs.push_back({ids[r], std::move(t)});
       } catch (const std::runtime_error& e) {
         failures.push_back({ids[r], "seq " + std::to_string(ids[r]) + ": " + e.what(), false});

@@ -23,7 +23,7 @@ namespace troupe::transport::detail {
 using R = MsgpackReader;
 
 inline constexpr int kMaxDepth = 16;      // nesting of any value (ours reach 5)
-inline constexpr uint32_t kMaxKeys = 64;  // keys of one map (ours have at most 18)
+inline constexpr uint32_t kMaxKeys = 64;  // keys of one map (ours have at most 19)
 
 struct Failure {
   ErrorCode code;

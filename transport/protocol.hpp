@@ -76,6 +76,7 @@ struct Submit {
   float presence_penalty = 0.0f;                      // core::SamplingParams: [-2, 2], 0 = off
   float frequency_penalty = 0.0f;                     // [-2, 2], 0 = off
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), any order
+  float repetition_penalty = 1.0f;                    // (0, 10], 1 = off
 };
 
 // router -> client: the job is queued under request_id.

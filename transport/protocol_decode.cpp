@@ -51,7 +51,8 @@ core::SamplingParams get_sampling(R& r) {
   s.presence_penalty = in("presence_penalty", [&] { return get_float(r); });
   s.frequency_penalty = in("frequency_penalty", [&] { return get_float(r); });
   s.logit_bias = in("logit_bias", [&] { return get_bias(r); });
-  skip_rest(r, n, 8);
+  if (n >= 9) s.repetition_penalty = in("repetition_penalty", [&] { return get_float(r); });
+  skip_rest(r, n, n >= 9 ? 9 : 8);
   return s;
 }
 
@@ -159,6 +160,7 @@ Submit get_submit(const Fields& f) {
   f.opt("presence_penalty", m.presence_penalty, get_float);
   f.opt("frequency_penalty", m.frequency_penalty, get_float);
   f.opt("logit_bias", m.logit_bias, get_bias);
+  f.opt("repetition_penalty", m.repetition_penalty, get_float);
   return m;
 }
 

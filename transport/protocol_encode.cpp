@@ -69,11 +69,12 @@ class Writer {
 };
 
 // [temperature, top_k, top_p, seed, logprobs], and only when they adjust the
-// logits, presence_penalty, frequency_penalty, logit_bias ([[id, bias], ...]).
+// logits, presence_penalty, frequency_penalty, logit_bias ([[id, bias], ...]),
+// repetition_penalty.
 void write_sampling(Writer& w, const core::SamplingParams& s) {
   if (!s.adjusts_logits()) return w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs);
   w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs, s.presence_penalty, s.frequency_penalty,
-          s.logit_bias);
+          s.logit_bias, s.repetition_penalty);
 }
 
 // [step_id, drop, new_seqs, work]; new sequence: [seq_id, tokens, num_cached,
@@ -121,8 +122,9 @@ struct Encoder {
 
   void operator()(const Submit& m) {
     const bool presence = m.presence_penalty != 0.0f, frequency = m.frequency_penalty != 0.0f,
-               bias = !m.logit_bias.empty();
-    w.begin("submit", 10 + (m.seed ? 1 : 0) + (presence ? 1 : 0) + (frequency ? 1 : 0) + (bias ? 1 : 0));
+               bias = !m.logit_bias.empty(), repetition = m.repetition_penalty != 1.0f;
+    w.begin("submit", 10 + (m.seed ? 1 : 0) + (presence ? 1 : 0) + (frequency ? 1 : 0) + (bias ? 1 : 0) +
+                          (repetition ? 1 : 0));
     w.kv("tag", m.tag);
     if (m.prompt_ids)
       w.kv("prompt_ids", *m.prompt_ids);
@@ -140,6 +142,7 @@ struct Encoder {
     if (presence) w.kv("presence_penalty", m.presence_penalty);
     if (frequency) w.kv("frequency_penalty", m.frequency_penalty);
     if (bias) w.kv("logit_bias", m.logit_bias);
+    if (repetition) w.kv("repetition_penalty", m.repetition_penalty);
   }
   void operator()(const Accepted& m) {
     w.begin("accepted", 2);

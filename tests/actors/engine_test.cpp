@@ -145,12 +145,21 @@ TEST(Engine, LogitAdjustmentsSurviveBatchingAndPreemption) {
     Request r = make_request(i, random_prompt(rng, 8), 30, i % 2 ? 0.9f : 0.0f);
     r.sampling.presence_penalty = i % 3 == 0 ? 2.0f : 0.0f;
     r.sampling.frequency_penalty = i % 3 == 1 ? 1.0f : 0.0f;
+    r.sampling.repetition_penalty = i == 2 || i == 3 ? 1.8f : 1.0f;
     // The tiny model's rows are nearly flat: a sampled sequence seldom repeats
     // a token (nothing to penalise) unless a bias makes one likely.
     if (i % 3 == 2 || i % 2 == 1) r.sampling.logit_bias = {{11, 8.0f}, {13, -100.0f}};
     reqs.push_back(r);
     arrive.push_back(static_cast<int>(i));
   }
+  // A prompt that ends with what greedy decoding goes on to repeat: the
+  // repetition penalty must count the prompt's tokens too.
+  Request echo = make_request(6, random_prompt(rng, 4), 12);
+  const std::vector<int32_t> continued = reference(echo);
+  echo.prompt_ids.insert(echo.prompt_ids.end(), continued.begin(), continued.begin() + 8);
+  echo.sampling.repetition_penalty = 1.8f;
+  reqs.push_back(echo);
+  arrive.push_back(2);
   auto so = small_options(22, 64);
   model::PagedKvCache cache(tiny().cfg, so.num_blocks, so.block_size, torch::kCPU);
   Engine engine(tiny().gpt, cache, &tiny().tok, so, model::PagedAttention::kAuto);
@@ -161,12 +170,13 @@ TEST(Engine, LogitAdjustmentsSurviveBatchingAndPreemption) {
     EXPECT_EQ(out[r.id], reference(r)) << "request " << r.id;
     Request plain = r;
     plain.sampling.presence_penalty = plain.sampling.frequency_penalty = 0.0f;
+    plain.sampling.repetition_penalty = 1.0f;
     plain.sampling.logit_bias.clear();
     const bool changed = out[r.id] != reference(plain);
     moved += changed;
     EXPECT_TRUE(changed) << "request " << r.id;
   }
-  EXPECT_EQ(moved, 6) << "every request's adjustments were meant to change its tokens";
+  EXPECT_EQ(moved, 7) << "every request's adjustments were meant to change its tokens";
 }
 
 TEST(Engine, SeededSamplingIsTheSameAloneAndInABatch) {

@@ -175,8 +175,9 @@ TEST(Cli, GenerateModesAgreeAndSeedsReproduce) {
 TEST(Cli, GenerateLogitFlagsAgreeAcrossModes) {
   const std::string base =
       "generate " + model_flag() + " --prompt-ids 464,1893,286 --max-tokens 16 --ignore-eos --json";
-  for (const std::string flags : {" --presence-penalty 2", " --frequency-penalty 1.5 --logit-bias 11=3",
-                                  " --temperature 1 --seed 3 --logit-bias 11=9 --frequency-penalty 2"}) {
+  for (const std::string flags :
+       {" --presence-penalty 2", " --frequency-penalty 1.5 --logit-bias 11=3", " --repetition-penalty 3",
+        " --temperature 1 --seed 3 --logit-bias 11=9 --frequency-penalty 2"}) {
     auto naive = run_json(base + flags + " --mode naive");
     auto kv = run_json(base + flags + " --mode kv");
     auto paged = run_json(base + flags + " --mode paged");
@@ -224,6 +225,7 @@ TEST(Cli, GenerateErrorsExitNonZeroWithMessage) {
       {"generate " + model_flag(), "--prompt"},
       {"generate " + model_flag() + " --prompt hi --device tpu:0", "device"},
       {"generate " + model_flag() + " --prompt hi --presence-penalty 3", "presence-penalty"},
+      {"generate " + model_flag() + " --prompt hi --repetition-penalty 0", "repetition_penalty"},
       {"generate " + model_flag() + " --prompt hi --logit-bias 11", "ID=BIAS"},
       {"generate " + model_flag() + " --prompt hi --logit-bias 11=x", "ID=BIAS"},
       {"generate " + model_flag() + " --prompt hi --logit-bias 11=101", "[-100, 100]"},
@@ -304,6 +306,7 @@ TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
       {"bias-101", R"("logit_bias": {"5": 101})", "logit_bias", "101"},
       {"bias-key", R"("logit_bias": {"x": 1})", "logit_bias", "\"x\""},
       {"bias-list", R"("logit_bias": [[5, 1]])", "logit_bias", "[[5,1]]"},
+      {"repetition-0", R"("repetition_penalty": 0)", "repetition_penalty", "0"},
   };
   TempDir dir;
   {
@@ -313,7 +316,8 @@ TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {
     // Every field at the edge of its range is accepted.
     in << R"({"id": "edges", "prompt_ids": [464], "max_tokens": 2, "top_k": 2147483647, "priority": -2147483648, )"
        << R"("seed": 18446744073709551615, "logprobs": 20, "temperature": 3.4e38, "top_p": 1, "ignore_eos": true, )"
-       << R"("presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"0": -100, "50256": 100}})"
+       << R"("presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"0": -100, "50256": 100}, )"
+       << R"("repetition_penalty": 10})"
        << "\n";
   }
   auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +

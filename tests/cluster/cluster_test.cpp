@@ -59,6 +59,7 @@ void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed, i
       j["seed"] = 1000 + i;
     }
     if (i % 4 == 0) j["frequency_penalty"] = 1.0;
+    if (i % 8 == 2) j["repetition_penalty"] = 1.5;
     if (i % 4 == 1) {
       j["presence_penalty"] = 1.5;
       j["logit_bias"] = {{"11", 6.0}, {"13", -100}};

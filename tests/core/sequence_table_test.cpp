@@ -237,8 +237,8 @@ TEST(SequenceTable, PreparingIntoAKeptStepReplacesItsContents) {
 
 // A sequence that penalises repeats gets, with each sampling chunk, the
 // tokens generated so far: those it was sent as generated (a resumed
-// sequence), then those the worker sampled itself; never the prompt. One that
-// does not gets none.
+// sequence), then those the worker sampled itself; the prompt's too only
+// under a repetition penalty. One that does not penalise gets none.
 TEST(SequenceTable, PenalisingSequencesCarryTheirGeneratedTokens) {
   SequenceTable t(options());
   StepPlan p = learn(1, {10, 11, 12, 13, 14}, {0, 1, 2});
@@ -253,12 +253,13 @@ TEST(SequenceTable, PenalisingSequencesCarryTheirGeneratedTokens) {
   PreparedStep s = t.prepare(p);
   ASSERT_TRUE(s.failures.empty()) << s.failures[0].error;
   ASSERT_EQ(s.chunks.size(), 2u);
-  EXPECT_EQ(s.chunks[0].generated, (std::vector<int32_t>{13, 14}));
-  EXPECT_TRUE(s.chunks[1].generated.empty());
+  EXPECT_EQ(s.chunks[0].history, (std::vector<int32_t>{13, 14}));
+  EXPECT_EQ(s.chunks[0].history_prompt, 0);
+  EXPECT_TRUE(s.chunks[1].history.empty());
   t.commit(s, {{1, SampledToken{7, 0.0f, {}}}, {2, SampledToken{7, 0.0f, {}}}}, {});
   s = grow(t, 1, 5, {});
   ASSERT_EQ(s.chunks.size(), 1u);
-  EXPECT_EQ(s.chunks[0].generated, (std::vector<int32_t>{13, 14, 7}));
+  EXPECT_EQ(s.chunks[0].history, (std::vector<int32_t>{13, 14, 7}));
   // A prefill chunk that does not sample carries nothing.
   StepPlan chunked = learn(3, {30, 31, 32, 33}, {4, 5});
   chunked.new_seqs[0].sampling.frequency_penalty = 0.5f;
@@ -266,7 +267,15 @@ TEST(SequenceTable, PenalisingSequencesCarryTheirGeneratedTokens) {
   chunked.work[0].sample = false;
   s = t.prepare(chunked);
   ASSERT_EQ(s.chunks.size(), 1u);
-  EXPECT_TRUE(s.chunks[0].generated.empty());
+  EXPECT_TRUE(s.chunks[0].history.empty());
+  // A repetition penalty looks at the prompt as well.
+  StepPlan repeat = learn(4, {40, 41, 42, 43}, {6, 7});
+  repeat.new_seqs[0].num_generated = 1;
+  repeat.new_seqs[0].sampling.repetition_penalty = 1.3f;
+  s = t.prepare(repeat);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].history, (std::vector<int32_t>{40, 41, 42, 43}));
+  EXPECT_EQ(s.chunks[0].history_prompt, 3);
 }
 
 TEST(SequenceTable, ANewSequenceWithBadAdjustmentsIsRefused) {

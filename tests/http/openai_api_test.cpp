@@ -107,7 +107,8 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
        "stream: true"},
       {R"({"prompt": "a", "echo": true})", 400, "echo", "not supported"},
       {R"({"prompt": "a", "best_of": 2})", 400, "best_of", "not supported"},
-      {R"({"prompt": "a", "repetition_penalty": 1.2})", 400, "repetition_penalty", "not supported"},
+      {R"({"prompt": "a", "repetition_penalty": "1.2"})", 400, "repetition_penalty", "must be a number"},
+      {R"({"prompt": "a", "min_tokens": 3})", 400, "min_tokens", "not supported"},
       {R"({"prompt": "a", "presence_penalty": "high"})", 400, "presence_penalty", "must be a number"},
       {R"({"prompt": "a", "frequency_penalty": true})", 400, "frequency_penalty", "must be a number"},
       {R"({"prompt": "a", "logit_bias": [[1, 2]]})", 400, "logit_bias", "must be an object"},
@@ -132,11 +133,13 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
 
 TEST(OpenAiApi, LogitAdjustmentsReachEveryJob) {
   const CompletionRequest r = ok(R"({"prompt": ["a", "b"], "n": 2, "presence_penalty": 0.5,
-                                     "frequency_penalty": -1, "logit_bias": {"50256": -100, "11": 2.5}})");
+                                     "frequency_penalty": -1, "logit_bias": {"50256": -100, "11": 2.5},
+                                     "repetition_penalty": 1.3})");
   ASSERT_EQ(r.jobs.size(), 4u);
   for (const transport::Submit& j : r.jobs) {
     EXPECT_FLOAT_EQ(j.presence_penalty, 0.5f);
     EXPECT_FLOAT_EQ(j.frequency_penalty, -1.0f);
+    EXPECT_FLOAT_EQ(j.repetition_penalty, 1.3f);
     auto bias = j.logit_bias;
     std::sort(bias.begin(), bias.end());
     EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{11, 2.5f}, {50256, -100.0f}}));
@@ -190,6 +193,7 @@ TEST(OpenAi, RefusedJobsNameTheirFieldAsParam) {
   add([](auto& j) { j.logit_bias = {{50257, 1.0f}}; }, "logit_bias");
   add([](auto& j) { j.logit_bias = {{5, 1.0f}, {5, 2.0f}}; }, "logit_bias");
   add([](auto& j) { j.logit_bias = {{5, 1000.0f}}; }, "logit_bias");
+  add([](auto& j) { j.repetition_penalty = 0.0f; }, "repetition_penalty");
   for (const auto& [j, param] : cases) {
     const auto checked = actors::admit_job(j, tok, options);
     ASSERT_TRUE(std::holds_alternative<transport::Rejected>(checked)) << param;

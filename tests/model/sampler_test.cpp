@@ -465,7 +465,7 @@ TEST(Sampler, LogitAdjustmentsAreOpenAIsAndLogprobsStayRaw) {
         SamplingParams plain = base;
         plain.seed = p.seed;
         const auto before = raw;
-        const SampledToken got = sample(raw.data(), vocab, p, pos, Generated(generated));
+        const SampledToken got = sample(raw.data(), vocab, p, pos, History(generated));
         EXPECT_EQ(raw, before) << "the caller's row is left as it was";
         const SampledToken on_adjusted = sample(expect.data(), vocab, plain, pos);
         const SampledToken on_raw = sample(raw.data(), vocab, plain, pos);
@@ -497,19 +497,64 @@ TEST(Sampler, LogitAdjustmentsAreOpenAIsAndLogprobsStayRaw) {
   SamplingParams freq = params(0.0f);
   freq.frequency_penalty = 0.5f;
   const std::vector<int32_t> zero_once = {0};
-  EXPECT_EQ(sample(two.data(), 2, freq, 0, Generated(zero_once)).id, 0);
+  EXPECT_EQ(sample(two.data(), 2, freq, 0, History(zero_once)).id, 0);
   const std::vector<int32_t> zero_thrice = {0, 0, 0};
-  EXPECT_EQ(sample(two.data(), 2, freq, 0, Generated(zero_thrice)).id, 1);
+  EXPECT_EQ(sample(two.data(), 2, freq, 0, History(zero_thrice)).id, 1);
   SamplingParams presence = params(0.0f);
   presence.presence_penalty = 0.75f;
-  EXPECT_EQ(sample(two.data(), 2, presence, 0, Generated(zero_thrice)).id, 0);
+  EXPECT_EQ(sample(two.data(), 2, presence, 0, History(zero_thrice)).id, 0);
   presence.presence_penalty = 1.25f;
-  EXPECT_EQ(sample(two.data(), 2, presence, 0, Generated(zero_thrice)).id, 1);
+  EXPECT_EQ(sample(two.data(), 2, presence, 0, History(zero_thrice)).id, 1);
+  // The prompt's tokens count for none of them.
+  EXPECT_EQ(sample(two.data(), 2, presence, 0, History(zero_thrice, 3)).id, 0);
   // Negative penalties favour what was generated.
   SamplingParams favour = params(0.0f);
   favour.presence_penalty = -1.5f;
   const std::vector<int32_t> one = {1};
-  EXPECT_EQ(sample(two.data(), 2, favour, 0, Generated(one)).id, 1);
+  EXPECT_EQ(sample(two.data(), 2, favour, 0, History(one)).id, 1);
+}
+
+// The repetition penalty (CTRL's, as Hugging Face and vLLM apply it): every
+// id of the prompt or generated so far, once however often it occurs, has a
+// positive logit divided by it and a negative one multiplied; then the
+// generated ids' frequency and presence penalties. Values exact in float.
+TEST(Sampler, RepetitionPenaltyScalesEveryEarlierTokenOnce) {
+  const int64_t vocab = 777;
+  const auto raw = gaussian_logits(vocab, 2.0f, 41);
+  const std::vector<int32_t> seq = {5, 9, 5, 300, 9, 9, 12};  // prompt 5 9 5, then generated 300 9 9 12
+  int changed = 0;
+  for (const SamplingParams& base : {params(0.0f), params(1.0f, 0, 1.0f, 3), params(0.7f, 20, 0.8f, 4)}) {
+    SamplingParams p = base;
+    p.repetition_penalty = 2.0f;
+    p.presence_penalty = 0.25f;
+    p.logit_bias = {{9, 0.5f}};
+    std::vector<float> expect = raw;
+    expect[9] = expect[9] + 0.5f;
+    for (int32_t id : {5, 9, 300, 12}) expect[id] = expect[id] > 0 ? expect[id] / 2.0f : expect[id] * 2.0f;
+    for (int32_t id : {300, 9, 12}) expect[id] = expect[id] - 0.25f;  // no frequency penalty
+    SamplingParams plain = base;
+    for (int64_t pos = 7; pos < 40; ++pos) {
+      p.seed = plain.seed = 50 + pos;
+      const SampledToken got = sample(raw.data(), vocab, p, pos, History(seq, 3));
+      EXPECT_EQ(got.id, sample(expect.data(), vocab, plain, pos).id) << pos;
+      changed += got.id != sample(raw.data(), vocab, plain, pos).id;
+    }
+  }
+  EXPECT_GT(changed, 0);
+  // Greedy on two ids: 1.0 vs 0.6 with id 0 seen: 1.0 / 2 = 0.5 < 0.6.
+  const std::vector<float> two = {1.0f, 0.6f};
+  SamplingParams r = params(0.0f);
+  r.repetition_penalty = 2.0f;
+  const std::vector<int32_t> zero = {0};
+  EXPECT_EQ(sample(two.data(), 2, r, 0, History(zero, 1)).id, 1) << "the prompt counts";
+  r.repetition_penalty = 1.5f;  // 1.0 / 1.5 > 0.6
+  EXPECT_EQ(sample(two.data(), 2, r, 0, History(zero, 1)).id, 0);
+  // Negative logits are multiplied: -1 * 0.5 = -0.5 beats -0.6 when r < 1.
+  const std::vector<float> negative = {-1.0f, -0.6f};
+  r.repetition_penalty = 0.5f;
+  EXPECT_EQ(sample(negative.data(), 2, r, 0, History(zero, 1)).id, 0);
+  r.repetition_penalty = 2.0f;
+  EXPECT_EQ(sample(negative.data(), 2, r, 0, History(zero, 1)).id, 1);
 }
 
 TEST(Sampler, InvalidAdjustmentsThrow) {
@@ -526,6 +571,9 @@ TEST(Sampler, InvalidAdjustmentsThrow) {
   bad(with([](SamplingParams& p) { p.presence_penalty = 2.5f; }));
   bad(with([](SamplingParams& p) { p.frequency_penalty = -2.01f; }));
   bad(with([](SamplingParams& p) { p.frequency_penalty = NAN; }));
+  bad(with([](SamplingParams& p) { p.repetition_penalty = 0.0f; }));
+  bad(with([](SamplingParams& p) { p.repetition_penalty = 10.5f; }));
+  bad(with([](SamplingParams& p) { p.repetition_penalty = INFINITY; }));
   bad(with([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }));
   bad(with([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }));
   bad(with([](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }));
@@ -543,7 +591,7 @@ TEST(Sampler, InvalidAdjustmentsThrow) {
   EXPECT_THROW(validate(edge, 9), std::invalid_argument);
   EXPECT_THROW(sample(l.data(), 9, edge, 0), std::invalid_argument);
   const std::vector<int32_t> outside = {3, 10};
-  EXPECT_THROW(sample(l.data(), 10, edge, 0, Generated(outside)), std::invalid_argument);
+  EXPECT_THROW(sample(l.data(), 10, edge, 0, History(outside)), std::invalid_argument);
   EXPECT_EQ(core::sorted_logit_bias({{9, 1.0f}, {2, -1.0f}}),
             (std::vector<std::pair<int32_t, float>>{{2, -1.0f}, {9, 1.0f}}));
   EXPECT_THROW(core::sorted_logit_bias({{9, 1.0f}, {9, -1.0f}}), std::invalid_argument);
@@ -577,7 +625,7 @@ TEST(Sampler, SampleRowsEqualsPerRowWhateverTheBatch) {
   EXPECT_THROW(sample_rows(batch[0], {ps[0]}, {0}), std::invalid_argument);
   // Each row's generated tokens go with it.
   std::vector<std::vector<int32_t>> histories;
-  std::vector<Generated> generated;
+  std::vector<History> generated;
   auto penalized = ps;
   for (int r = 0; r < 8; ++r) {
     penalized[r].presence_penalty = 2.0f;

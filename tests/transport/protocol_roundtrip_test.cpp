@@ -54,6 +54,7 @@ TEST(ProtocolRoundTrip, SubmitFieldsAndPromptForms) {
   EXPECT_FLOAT_EQ(text.presence_penalty, 0.25f);
   EXPECT_FLOAT_EQ(text.frequency_penalty, -2.0f);
   EXPECT_EQ(text.logit_bias, (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {11, 3.5f}}));
+  EXPECT_FLOAT_EQ(text.repetition_penalty, 1.5f);
 
   auto ids = std::get<Submit>(decode_ok(encode(all[1])));
   EXPECT_FALSE(ids.prompt.has_value());
@@ -81,6 +82,7 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   EXPECT_FLOAT_EQ(p.new_seqs[1].sampling.frequency_penalty, -1.25f);
   EXPECT_EQ(p.new_seqs[1].sampling.logit_bias,
             (std::vector<std::pair<int32_t, float>>{{3, -100.0f}, {50256, 7.5f}}));
+  EXPECT_FLOAT_EQ(p.new_seqs[1].sampling.repetition_penalty, 1.25f);
   ASSERT_EQ(p.work.size(), 2u);
   EXPECT_EQ(p.work[1].seq_id, 12u);
   EXPECT_EQ(p.work[1].start_pos, 1023);
@@ -194,10 +196,10 @@ TEST(ProtocolRoundTrip, PlainSamplingKeepsTheShortLayout) {
   core::StepPlan adjusted = plain;
   adjusted.new_seqs[0].sampling.logit_bias = {{1, 1.5f}};
   const size_t bytes = encode(Plan{0, plain}).size();
-  // Three elements more: presence and frequency (0: msgpack-c writes an
+  // Four elements more: presence and frequency (0: msgpack-c writes an
   // integral float as an integer, 1 byte each), the list (header 1 byte) of
-  // one [id, bias] pair (header 1, id 1, float32 5).
-  EXPECT_EQ(encode(Plan{0, adjusted}).size(), bytes + 1 + 1 + 1 + 1 + 1 + 5);
+  // one [id, bias] pair (header 1, id 1, float32 5), repetition (1: 1 byte).
+  EXPECT_EQ(encode(Plan{0, adjusted}).size(), bytes + 1 + 1 + 1 + 1 + 1 + 5 + 1);
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pack_plan_frame_start(pk);

@@ -34,6 +34,7 @@ inline core::StepPlan sample_plan() {
   ns.sampling.presence_penalty = 0.5f;
   ns.sampling.frequency_penalty = -1.25f;
   ns.sampling.logit_bias = {{3, -100.0f}, {50256, 7.5f}};
+  ns.sampling.repetition_penalty = 1.25f;
   p.new_seqs.push_back(ns);
   p.work.push_back({9, 2, 2, {}, true});
   p.work.push_back({12, 1023, 1, {6}, false});
@@ -70,6 +71,7 @@ inline std::vector<Message> sample_messages() {
   s.presence_penalty = 0.25f;
   s.frequency_penalty = -2.0f;
   s.logit_bias = {{50256, -100.0f}, {11, 3.5f}};
+  s.repetition_penalty = 1.5f;
   all.push_back(s);
   Submit ids = s;
   ids.prompt.reset();
