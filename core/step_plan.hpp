@@ -83,9 +83,9 @@ struct SeqChunk {
   std::vector<int32_t> block_table;  // the sequence's blocks, covering start_pos + token_ids.size() slots
   bool sample = false;               // sample a token after the last one
   SamplingParams sampling;
-  // sample && the sampling counts tokens: the tokens so far, the last of them
-  // generated (history_prompt leading ones are the prompt's; only when the
-  // sampling repeats_prompt() is the prompt there at all).
+  // When it samples under a penalty: the sequence's tokens before the one
+  // sampled, the prompt's first (history_prompt of them; there only when the
+  // sampling repeats_prompt()), then every generated one.
   std::vector<int32_t> history;
   int32_t history_prompt = 0;
 };
