@@ -201,7 +201,7 @@ void add_batch_command(CLI::App& app, Registry& registry) {
          "--input", f->input,
          "JSONL jobs: {\"id\", \"prompt\" | \"prompt_ids\", \"max_tokens\", \"temperature\", \"top_k\", "
          "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"presence_penalty\", "
-         "\"frequency_penalty\", \"logit_bias\", \"priority\"}")
+         "\"frequency_penalty\", \"logit_bias\", \"repetition_penalty\", \"priority\"}")
       ->required();
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
   add_scheduler_flags(*sub, f->sched);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -65,17 +66,15 @@ std::vector<std::pair<int32_t, float>> get_logit_bias(const json& v) {
     throw std::invalid_argument("\"logit_bias\" must be an object of token id -> bias, got " + v.dump());
   std::vector<std::pair<int32_t, float>> out;
   for (const auto& [key, bias] : v.items()) {
-    const bool id =
-        !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+    const std::optional<int32_t> id = core::token_id_from_text(key);
     if (!id)
       throw std::invalid_argument("\"logit_bias\" keys must be token ids such as \"50256\", got " +
                                   json(key).dump());
     try {
       out.emplace_back(
-          std::stoi(key),
-          get_float(
-              v, key.c_str(), [](float b) { return b >= -core::kMaxBias && b <= core::kMaxBias; },
-              "a number in [-100, 100]"));
+          *id, get_float(
+                   v, key.c_str(), [](float b) { return b >= -core::kMaxBias && b <= core::kMaxBias; },
+                   "a number in [-100, 100]"));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("\"logit_bias\": ") + e.what());
     }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "core/sampling_params.hpp"
 #include "model/config.hpp"
 #include "model/download.hpp"
 #include "model/model_dir.hpp"
@@ -122,15 +124,13 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::vector<std::s
   std::vector<std::pair<int32_t, float>> out;
   for (const std::string& item : items) {
     const size_t eq = item.find('=');
-    const std::string id = item.substr(0, eq);
+    const std::optional<int32_t> id = core::token_id_from_text(item.substr(0, eq));
     const char* bias = eq == std::string::npos ? "" : item.c_str() + eq + 1;
     char* end = nullptr;
     const double b = std::strtod(bias, &end);
-    const bool ok_id =
-        !id.empty() && id.size() <= 9 && id.find_first_not_of("0123456789") == std::string::npos;
-    if (!ok_id || end == bias || *end != '\0' || !std::isfinite(b))
+    if (!id || end == bias || *end != '\0' || !std::isfinite(b))
       throw std::invalid_argument("--logit-bias '" + item + "' is not ID=BIAS (a token id and a number)");
-    out.emplace_back(std::stoi(id), static_cast<float>(b));
+    out.emplace_back(*id, static_cast<float>(b));
   }
   return out;
 }

@@ -36,22 +36,17 @@ using openai::ApiError;
 // client is still there (only a streaming response's sink knows): the socket
 // is found once among the process's descriptors by its two addresses, the
 // ones the request names, and polled for a hangup. Not found: never gone.
+// The search (two syscalls per open descriptor) waits until the request has
+// been open for kSearchAfter: one answered sooner never pays for it.
 class PeerWatch {
  public:
-  explicit PeerWatch(const httplib::Request& req) {
-    DIR* fds = ::opendir("/proc/self/fd");
-    if (!fds) return;
-    while (const dirent* e = ::readdir(fds)) {
-      const int fd = std::atoi(e->d_name);
-      if (fd > 2 && same_socket(fd, req)) {
-        fd_ = fd;
-        break;
-      }
-    }
-    ::closedir(fds);
-  }
+  explicit PeerWatch(const httplib::Request& req) : req_(req), opened_(Clock::now()) {}
   // The client closed (or reset) the connection.
-  bool gone() const {
+  bool gone() {
+    if (!searched_) {
+      if (Clock::now() - opened_ < kSearchAfter) return false;
+      find_socket();
+    }
     if (fd_ < 0) return false;
     pollfd p{fd_, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
@@ -80,6 +75,23 @@ class PeerWatch {
            address_is(peer, req.remote_addr, req.remote_port) &&
            address_is(local, req.local_addr, req.local_port);
   }
+  void find_socket() {
+    searched_ = true;
+    DIR* fds = ::opendir("/proc/self/fd");
+    if (!fds) return;
+    while (const dirent* e = ::readdir(fds)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd > 2 && same_socket(fd, req_)) {
+        fd_ = fd;
+        break;
+      }
+    }
+    ::closedir(fds);
+  }
+  static constexpr std::chrono::milliseconds kSearchAfter{100};
+  const httplib::Request& req_;
+  const Clock::time_point opened_;
+  bool searched_ = false;
   int fd_ = -1;
 };
 
@@ -347,7 +359,7 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
 
   if (!request->stream) {
     for (auto& m : early) apply(m);
-    const PeerWatch peer(req);
+    PeerWatch peer(req);
     while (!builder->done()) {
       if (stopping) return send_error(res, ApiError{503, "the server is stopping", "server_error", "", ""});
       // A client that hung up: the session's end cancels its jobs (as a stream's does).

@@ -52,13 +52,13 @@ std::variant<Membership::Joined, transport::Refused> Membership::on_register(
     }
   }
   Joined joined;
-  if (auto it = nodes_.find(peer); it != nodes_.end() && same_node(it->second.name, it->second.infos, reg)) {
-    it->second.liveness.on_message(now);
-    joined.reply = reply_for(it->second);
-    joined.again = true;
-    return joined;
-  }
   if (auto it = nodes_.find(peer); it != nodes_.end()) {
+    if (same_node(it->second.name, it->second.infos, reg)) {
+      it->second.liveness.on_message(now);
+      joined.reply = reply_for(it->second);
+      joined.again = true;
+      return joined;
+    }
     for (const auto& [index, id] : it->second.workers) {
       joined.replaced.push_back(id);
       where_.erase(id);

@@ -1,6 +1,5 @@
 #include "cluster/openai_api.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -115,13 +114,12 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& v) {
     bad("logit_bias", "logit_bias must be an object of token id -> bias, got " + kind_of(v));
   std::vector<std::pair<int32_t, float>> out;
   for (const auto& [key, bias] : v.items()) {
-    const bool digits = !key.empty() && key.size() <= 9 &&
-                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const std::optional<int32_t> id = core::token_id_from_text(key);
     const std::string shown = "\"" + (key.size() <= 32 ? key : key.substr(0, 32) + "...") + "\"";
-    if (!digits) bad("logit_bias", "logit_bias keys must be token ids such as \"50256\", got " + shown);
+    if (!id) bad("logit_bias", "logit_bias keys must be token ids such as \"50256\", got " + shown);
     if (!bias.is_number())
       bad("logit_bias", "logit_bias[" + shown + "] must be a number, got " + kind_of(bias));
-    out.emplace_back(std::stoi(key), static_cast<float>(bias.get<double>()));
+    out.emplace_back(*id, static_cast<float>(bias.get<double>()));
   }
   return out;
 }

@@ -63,6 +63,12 @@ void validate(const SamplingParams& p, int64_t vocab) {
                                 std::to_string(vocab) + ")");
 }
 
+std::optional<int32_t> token_id_from_text(const std::string& text) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoi(text);
+}
+
 std::vector<std::pair<int32_t, float>> sorted_logit_bias(std::vector<std::pair<int32_t, float>> bias) {
   std::sort(bias.begin(), bias.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 1; i < bias.size(); ++i) {

@@ -4,6 +4,8 @@
 // parameters in step plans, the worker's sampler (model/sampler.hpp) obeys them.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,6 +65,10 @@ struct SampledToken {
 void validate(const SamplingParams& params);
 // The same, and every logit_bias id below `vocab`.
 void validate(const SamplingParams& params, int64_t vocab);
+// A logit_bias key as OpenAI's JSON and troupe's flags write a token id:
+// decimal digits only, at most 9 of them (so it fits int32); nullopt
+// otherwise. Whether the id is in the vocabulary is validate()'s check.
+std::optional<int32_t> token_id_from_text(const std::string& text);
 // Sorts `bias` by id for SamplingParams::logit_bias; throws
 // std::invalid_argument when an id appears twice.
 std::vector<std::pair<int32_t, float>> sorted_logit_bias(std::vector<std::pair<int32_t, float>> bias);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -595,6 +596,12 @@ TEST(Sampler, InvalidAdjustmentsThrow) {
   EXPECT_EQ(core::sorted_logit_bias({{9, 1.0f}, {2, -1.0f}}),
             (std::vector<std::pair<int32_t, float>>{{2, -1.0f}, {9, 1.0f}}));
   EXPECT_THROW(core::sorted_logit_bias({{9, 1.0f}, {9, -1.0f}}), std::invalid_argument);
+  // logit_bias keys as text: decimal digits, at most 9.
+  EXPECT_EQ(core::token_id_from_text("50256"), std::optional<int32_t>(50256));
+  EXPECT_EQ(core::token_id_from_text("007"), std::optional<int32_t>(7));
+  EXPECT_EQ(core::token_id_from_text("999999999"), std::optional<int32_t>(999999999));
+  for (const char* bad_id : {"", "-1", "+1", " 1", "1e3", "1.0", "0x10", "1234567890"})
+    EXPECT_EQ(core::token_id_from_text(bad_id), std::nullopt) << bad_id;
 }
 
 TEST(Sampler, SampleRowsEqualsPerRowWhateverTheBatch) {
