@@ -23,22 +23,53 @@ using nlohmann::json;
 using troupe::test::run_command;
 using troupe::test::shell_quote;
 
+// Variables that tell a library which CPU it runs on, or which of its kernels
+// to take, instead of letting it ask the CPU. A host may set them for its own
+// CPU: some of our machines set OPENBLAS_CORETYPE=Haswell and
+// OPENBLAS_L2_SIZE=512, which under an emulated Nehalem made OpenBLAS run its
+// AVX2 kernels and die on the first ymm instruction (SIGILL). A real Nehalem
+// would not have them, so the emulated run must not either: they are cleared
+// for the emulated command only (the host's run, the rest of the suite and
+// CI keep them).
+constexpr const char* kHostCpuVariables[] = {
+    "OPENBLAS_CORETYPE",        // OpenBLAS: the kernel set (Haswell, SkylakeX, ...)
+    "OPENBLAS_L2_SIZE",         // OpenBLAS: the L2 size its blocking assumes
+    "ATEN_CPU_CAPABILITY",      // libtorch: its own kernels' ISA (default, avx2, avx512)
+    "TROUPE_CPU",               // troupe: its kernels' variant (model/cpu_features.hpp)
+    "MKL_ENABLE_INSTRUCTIONS",  // MKL and oneDNN, should a libtorch built with them be used
+    "MKL_DEBUG_CPU_TYPE",       "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA",
+};
+
+// `env -u` for each of kHostCpuVariables.
+std::string without_host_cpu_variables() {
+  std::string cmd = "env";
+  for (const char* name : kHostCpuVariables) cmd += std::string(" -u ") + name;
+  return cmd + " ";
+}
+
+// A command line that runs `program` on `cpu` (QEMU's name for it; "" = the
+// host itself), with the environment that CPU's machine would have.
+std::string on_cpu(const std::string& cpu, const std::string& program) {
+  if (cpu.empty()) return program;
+  return without_host_cpu_variables() + "qemu-x86_64 -cpu " + cpu + " " + program;
+}
+
 // OMP_WAIT_POLICY and GOMP_SPINCOUNT as troupe wants them: otherwise it sets
 // them and re-executes itself (model/threading.hpp), and that exec would
 // leave the emulator and run on the host's CPU.
 std::string under(const std::string& cpu) {
   return std::string("OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=") + troupe::model::kGompSpinCount + " " +
-         (cpu.empty() ? std::string() : "qemu-x86_64 -cpu " + cpu + " ") +
-         shell_quote(troupe::test::troupe_bin());
+         on_cpu(cpu, shell_quote(troupe::test::troupe_bin()));
 }
+
+bool have_qemu() { return run_command("command -v qemu-x86_64 >/dev/null").status == 0; }
 
 using troupe::test::read_jsonl;
 
 class Portability : public testing::TestWithParam<std::pair<std::string, std::string>> {};
 
 TEST_P(Portability, TheBuildRunsOnTheLesserCpuWithItsKernelsAndTheSameTokens) {
-  if (run_command("command -v qemu-x86_64 >/dev/null").status != 0)
-    GTEST_SKIP() << "no qemu-x86_64 (scripts/setup.sh installs Debian's qemu-user)";
+  if (!have_qemu()) GTEST_SKIP() << "no qemu-x86_64 (scripts/setup.sh installs Debian's qemu-user)";
   const auto& [cpu, kernels] = GetParam();
   const auto version = run_command(under(cpu) + " --version 2>/dev/null", false);
   ASSERT_EQ(version.status, 0) << version.output;
@@ -71,6 +102,24 @@ TEST_P(Portability, TheBuildRunsOnTheLesserCpuWithItsKernelsAndTheSameTokens) {
   for (size_t i = 0; i < host.size(); ++i) {
     EXPECT_EQ(emulated[i]["ids"], host[i]["ids"]) << "job " << i + 1 << " on " << cpu;
     EXPECT_EQ(emulated[i]["ids"].size(), 8u);
+  }
+}
+
+// Whatever the host sets for its own CPU stays out of the emulated CPU's
+// environment: here the host's settings are forced to the ones that broke
+// the Nehalem run on our AMD machines, so this holds on any host.
+TEST(PortabilityEnvironment, TheEmulatedCpuDoesNotInheritTheHostsCpuSettings) {
+  if (!have_qemu()) GTEST_SKIP() << "no qemu-x86_64 (scripts/setup.sh installs Debian's qemu-user)";
+  std::string host_settings;
+  for (const char* name : kHostCpuVariables) host_settings += std::string(name) + "=host ";
+  const auto host = run_command("env " + host_settings + "env");
+  const auto emulated = run_command("env " + host_settings + on_cpu("Nehalem", "/usr/bin/env"));
+  ASSERT_EQ(emulated.status, 0) << emulated.output;
+  EXPECT_NE(emulated.output.find("PATH="), std::string::npos) << "the rest of the environment is kept";
+  for (const char* name : kHostCpuVariables) {  // one variable a line: "\nNAME=" is that variable alone
+    EXPECT_NE(("\n" + host.output).find("\n" + std::string(name) + "=host"), std::string::npos) << name;
+    EXPECT_EQ(("\n" + emulated.output).find("\n" + std::string(name) + "="), std::string::npos)
+        << name << " reached the emulated CPU";
   }
 }
 
