@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/command.hpp"
+#include "core/failpoints.hpp"
 #include "model/cpu_features.hpp"
 #include "model/threading.hpp"
 
@@ -34,6 +35,13 @@ int main(int argc, char** argv) {
   // goes on transparent huge pages (core/heap_pages.hpp).
   const bool simulating = !std::strcmp(subcommand_of(argc, argv), "simulate");
   troupe::model::init_numerics_process(argc, argv, simulating);
+  // After the possible re-exec above, so "failpoints active" prints once.
+  try {
+    troupe::fail::configure_from_env();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
+    return 2;
+  }
 
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);
