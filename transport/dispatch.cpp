@@ -6,10 +6,11 @@
 
 namespace troupe::transport {
 
-SocketLoop::FrameHandler decode_frames(SocketLoop& loop, MessageHandler on_message) {
+SocketLoop::FrameHandler decode_frames(SocketLoop& loop, MessageHandler on_message,
+                                       const SubmitLimits& limits) {
   auto throttle = std::make_shared<LogThrottle>();
-  return [&loop, on_message = std::move(on_message), throttle](Frame&& frame) {
-    Decoded d = decode(frame.body, loop.max_frame_bytes());
+  return [&loop, on_message = std::move(on_message), throttle, limits](Frame&& frame) {
+    Decoded d = decode(frame.body, loop.max_frame_bytes(), limits);
     if (d.ok()) {
       on_message(frame.socket, frame.peer, std::move(*d.message));
       return;

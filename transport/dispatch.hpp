@@ -20,7 +20,9 @@ namespace troupe::transport {
 
 using MessageHandler = std::function<void(SocketId socket, const std::string& peer, Message&& message)>;
 
-// `loop` must outlive the handler (it answers through it).
-SocketLoop::FrameHandler decode_frames(SocketLoop& loop, MessageHandler on_message);
+// `loop` must outlive the handler (it answers through it). `limits` bound a
+// submit's fields as it is read (a client socket's frames).
+SocketLoop::FrameHandler decode_frames(SocketLoop& loop, MessageHandler on_message,
+                                       const SubmitLimits& limits = {});
 
 }  // namespace troupe::transport

@@ -8,10 +8,10 @@
 
 namespace troupe::transport {
 
-inline constexpr std::array<const char*, 17> kMessageTypes = {
+inline constexpr std::array<const char*, 18> kMessageTypes = {
     "submit", "accepted",     "rejected", "tokens",     "finished", "cancel",
     "status", "status_reply", "register", "registered", "refused",  "plan",
-    "result", "heartbeat",    "drain",    "shutdown",   "error"};
+    "result", "heartbeat",    "drain",    "shutdown",   "error",    "reset"};
 static_assert(kMessageTypes.size() == std::variant_size_v<Message>, "one name per message type");
 
 }  // namespace troupe::transport

@@ -18,6 +18,8 @@ const char* to_string(ErrorCode code) {
       return "too_large";
     case ErrorCode::kUnexpected:
       return "unexpected";
+    case ErrorCode::kTooSlow:
+      return "too_slow";
   }
   return "unknown";
 }

@@ -41,8 +41,12 @@ namespace troupe::transport {
 
 inline constexpr std::string_view kProtocolName = "troupe";
 inline constexpr int kProtocolVersion = 1;
-// Default bound on one frame body, both ways (--max-frame-bytes).
+// Default bound on one frame body on the worker socket, both ways (--max-frame-bytes).
 inline constexpr size_t kDefaultMaxFrameBytes = size_t{16} << 20;
+// Default bound on a client's frame at the head (--max-client-frame-bytes):
+// a valid submit of a whole GPT-2 context in ids, 16 stop strings of 1 KiB
+// and 1024 logit biases is under 70 KiB.
+inline constexpr size_t kDefaultMaxClientFrameBytes = size_t{1} << 20;
 
 // Why a frame could not be read (and the `code` of an `error` frame).
 enum class ErrorCode {
@@ -52,6 +56,7 @@ enum class ErrorCode {
   kBadField,     // a required key is missing, or a value has the wrong type or range
   kTooLarge,     // the frame is over the receiver's max_frame_bytes
   kUnexpected,   // a valid message that this peer does not take here (a plan sent to the router)
+  kTooSlow,      // the receiver read too slowly: what was queued for it was sent, then its jobs ended
 };
 const char* to_string(ErrorCode code);  // "malformed", "bad_version", ...
 
@@ -147,10 +152,16 @@ struct WorkerStatus {
 // router -> client.
 struct StatusReply {
   std::vector<WorkerStatus> workers;
-  int64_t queue_depth = 0;        // jobs waiting for a worker
-  int64_t max_queue = 0;          // --max-queue
-  uint64_t requests_served = 0;   // finished, any reason
-  uint64_t requests_running = 0;  // accepted, not finished
+  // Faults since the head started (optional on the wire; 0 when absent).
+  uint64_t workers_lost = 0;       // gone: missed heartbeats, exited
+  uint64_t workers_hung = 0;       // a step past its deadline: fenced, restarted or reset
+  uint64_t workers_broken = 0;     // a result that did not fit its plan
+  uint64_t requests_moved = 0;     // unfinished requests moved off a worker that left
+  uint64_t tokens_recomputed = 0;  // their tokens, whose KV was computed again
+  int64_t queue_depth = 0;         // jobs waiting for a worker
+  int64_t max_queue = 0;           // --max-queue
+  uint64_t requests_served = 0;    // finished, any reason
+  uint64_t requests_running = 0;   // accepted, not finished
   uint64_t requests_rejected = 0;
   double uptime_s = 0;
 };
@@ -160,7 +171,7 @@ struct StatusReply {
 // host several workers, told apart by their index on the node.
 
 // What a worker can do; the head refuses a worker whose fingerprint differs
-// from its own model's.
+// from its own model's, or whose KV pool its declared memory cannot hold.
 struct WorkerInfo {
   uint32_t index = 0;         // on the node, 0..n-1
   std::string device;         // "cpu", "cuda:1"
@@ -170,6 +181,8 @@ struct WorkerInfo {
   int32_t vocab_size = 0;
   int32_t threads = 0;       // CPU threads it uses (0 = not a CPU worker)
   uint64_t fingerprint = 0;  // hash of the model's config and weights
+  int64_t kv_bytes = 0;      // bytes of memory its KV pool takes (num_blocks x a block's bytes); 0 = not said
+  std::string cost;          // its step-cost model (`troupe profile`'s "cost" object, JSON text); "" = none
 };
 
 // node -> head: first message of a node (again after a reconnect).
@@ -195,10 +208,12 @@ struct Refused {
   std::string reason;
 };
 
-// head -> node: one step for one worker.
+// head -> node: one step for one worker. A worker's plans are numbered by
+// their step_id, 1, 2, 3, ...; the node runs each once, in that order.
 struct Plan {
   uint32_t worker = 0;  // index on the node
   core::StepPlan plan;
+  uint64_t ack = 0;  // the head holds this worker's results up to this step id (the node may forget them)
 };
 
 // node -> head: what a worker's step produced.
@@ -207,12 +222,37 @@ struct Result {
   core::StepResult result;
 };
 
-// Either way, when nothing else was sent for a heartbeat interval.
-struct Heartbeat {};
+// node -> head, in a heartbeat: where one worker's step stream stands.
+struct WorkerProgress {
+  uint32_t index = 0;           // on the node
+  uint64_t plans_received = 0;  // every plan up to this step id has arrived (in order)
+  uint64_t results_sent = 0;    // every result up to this step id has been sent
+  uint64_t steps_done = 0;      // steps the worker's thread has finished since it started
+  int64_t running_ms = 0;       // how long the step it runs now has been running; 0 = idle
+};
+
+// head -> node, in a heartbeat: the results the head holds.
+struct WorkerAck {
+  uint32_t index = 0;             // on the node
+  uint64_t results_received = 0;  // every result up to this step id has arrived
+};
+
+// Either way, every heartbeat interval (and any message counts as a beat).
+// The node's carry each worker's progress, the head's its acks; a side that
+// finds the other short of what it sent resends it (docs/protocol.md).
+struct Heartbeat {
+  std::vector<WorkerProgress> progress;  // node -> head
+  std::vector<WorkerAck> acks;           // head -> node
+};
 // node -> head: the node is leaving (SIGTERM); head -> node: leave when done.
 struct Drain {};
 // head -> node: exit now; node -> head: the node is gone.
 struct Shutdown {};
+// head -> node: the head has let this node's workers go (a step past its
+// deadline): start over with fresh workers and register again, as a new node.
+struct Reset {
+  std::string reason;
+};
 
 // Either way: a frame could not be read or is not accepted here.
 struct Error {
@@ -221,12 +261,13 @@ struct Error {
   std::optional<uint64_t> tag;  // the job's tag, when the bad frame was about one
 };
 
-using Message = std::variant<Submit, Accepted, Rejected, Tokens, Finished, Cancel, Status, StatusReply,
-                             Register, Registered, Refused, Plan, Result, Heartbeat, Drain, Shutdown, Error>;
+using Message =
+    std::variant<Submit, Accepted, Rejected, Tokens, Finished, Cancel, Status, StatusReply, Register,
+                 Registered, Refused, Plan, Result, Heartbeat, Drain, Shutdown, Error, Reset>;
 
 // The "t" of a message: "submit", "accepted", "rejected", "tokens", "finished",
 // "cancel", "status", "status_reply", "register", "registered", "refused",
-// "plan", "result", "heartbeat", "drain", "shutdown", "error".
+// "plan", "result", "heartbeat", "drain", "shutdown", "error", "reset".
 const char* type_name(const Message& message);
 
 // One frame body. Never throws (bar std::bad_alloc).
@@ -245,9 +286,21 @@ struct Decoded {
   bool ok() const { return message.has_value(); }
 };
 
+// Bounds on a submit's fields, enforced while it is read (bad_field, with the
+// tag, before the elements past a bound are read or stored): what a client
+// frame may make the reader do. 0 = no bound of that kind.
+struct SubmitLimits {
+  size_t max_stops = 16;         // stop strings
+  size_t max_stop_bytes = 1024;  // bytes of one stop string
+  size_t max_prompt_bytes = 0;   // bytes of `prompt`
+  size_t max_prompt_ids = 0;     // elements of `prompt_ids`
+  size_t max_logit_bias = 1024;  // entries of `logit_bias`
+};
+
 // Reads one frame body. Frames over max_frame_bytes are refused before any
 // parsing (kTooLarge). Never throws, whatever the bytes.
-Decoded decode(std::string_view bytes, size_t max_frame_bytes = kDefaultMaxFrameBytes);
+Decoded decode(std::string_view bytes, size_t max_frame_bytes = kDefaultMaxFrameBytes,
+               const SubmitLimits& limits = {});
 
 // The `error` frame that answers a frame which failed to decode.
 Error error_reply(const DecodeError& error);

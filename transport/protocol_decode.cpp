@@ -136,30 +136,60 @@ constexpr std::array<FinishReason, 5> kFinishReasons = {FinishReason::kEos, Fini
 constexpr std::array<RejectCode, 5> kRejectCodes = {RejectCode::kBusy, RejectCode::kInvalid,
                                                     RejectCode::kTooLong, RejectCode::kNoWorkers,
                                                     RejectCode::kShuttingDown};
-constexpr std::array<ErrorCode, 6> kErrorCodes = {ErrorCode::kMalformed,   ErrorCode::kBadVersion,
-                                                  ErrorCode::kUnknownType, ErrorCode::kBadField,
-                                                  ErrorCode::kTooLarge,    ErrorCode::kUnexpected};
+constexpr std::array<ErrorCode, 7> kErrorCodes = {
+    ErrorCode::kMalformed, ErrorCode::kBadVersion, ErrorCode::kUnknownType, ErrorCode::kBadField,
+    ErrorCode::kTooLarge,  ErrorCode::kUnexpected, ErrorCode::kTooSlow};
 
-Submit get_submit(const Fields& f) {
+// An array header of at most `max` elements (0 = any), checked before any
+// element is read: a frame cannot make the reader walk past a bound.
+uint32_t get_array_at_most(R& r, size_t max, const char* what) {
+  const uint32_t n = get_array(r);
+  if (max != 0 && n > max) bad("at most " + std::to_string(max) + " " + what + ", got " + std::to_string(n));
+  return n;
+}
+
+// A string of at most `max` bytes (0 = any), checked before it is copied.
+std::string get_str_at_most(R& r, size_t max, const char* what) {
+  std::string_view s;
+  if (!r.read_str(s)) bad("expected a string" + got(r));
+  if (max != 0 && s.size() > max)
+    bad(std::string(what) + " of " + std::to_string(s.size()) + " bytes; at most " + std::to_string(max));
+  return std::string(s);
+}
+
+Submit get_submit(const Fields& f, const SubmitLimits& limits) {
   Submit m;
   m.tag = f.req("tag", get_u64);
   if (f.has("prompt") == f.has("prompt_ids"))
     throw Failure{ErrorCode::kBadField, "prompt",
                   "give exactly one of \"prompt\" (text) or \"prompt_ids\" (token ids)"};
-  f.opt("prompt", m.prompt, get_str);
-  f.opt("prompt_ids", m.prompt_ids, get_ints);
+  f.opt("prompt", m.prompt, [&](R& r) { return get_str_at_most(r, limits.max_prompt_bytes, "a prompt"); });
+  f.opt("prompt_ids", m.prompt_ids, [&](R& r) {
+    R head = r;
+    get_array_at_most(head, limits.max_prompt_ids, "prompt ids (the model's positions)");
+    return get_ints(r);
+  });
   f.opt("max_tokens", m.max_tokens, get_int<int32_t>);
   f.opt("temperature", m.temperature, get_float);
   f.opt("top_k", m.top_k, get_int<int32_t>);
   f.opt("top_p", m.top_p, get_float);
   f.opt("seed", m.seed, get_u64);
-  f.opt("stop", m.stop, [](R& r) { return get_list<std::string>(r, get_str); });
+  f.opt("stop", m.stop, [&](R& r) {
+    R head = r;
+    get_array_at_most(head, limits.max_stops, "stop strings");
+    return get_list<std::string>(
+        r, [&](R& e) { return get_str_at_most(e, limits.max_stop_bytes, "a stop string"); });
+  });
   f.opt("logprobs", m.logprobs, get_int<int32_t>);
   f.opt("ignore_eos", m.ignore_eos, get_bool);
   f.opt("priority", m.priority, get_int<int32_t>);
   f.opt("presence_penalty", m.presence_penalty, get_float);
   f.opt("frequency_penalty", m.frequency_penalty, get_float);
-  f.opt("logit_bias", m.logit_bias, get_bias);
+  f.opt("logit_bias", m.logit_bias, [&](R& r) {
+    R head = r;
+    get_array_at_most(head, limits.max_logit_bias, "logit_bias entries");
+    return get_bias(r);
+  });
   f.opt("repetition_penalty", m.repetition_penalty, get_float);
   return m;
 }
@@ -239,6 +269,39 @@ StatusReply get_status_reply(const Fields& f) {
   m.requests_running = f.req("requests_running", get_u64);
   m.requests_rejected = f.req("requests_rejected", get_u64);
   m.uptime_s = f.req("uptime_s", get_double);
+  f.opt("workers_lost", m.workers_lost, get_u64);
+  f.opt("workers_hung", m.workers_hung, get_u64);
+  f.opt("workers_broken", m.workers_broken, get_u64);
+  f.opt("requests_moved", m.requests_moved, get_u64);
+  f.opt("tokens_recomputed", m.tokens_recomputed, get_u64);
+  return m;
+}
+
+Heartbeat get_heartbeat(const Fields& f) {
+  Heartbeat m;
+  f.opt("progress", m.progress, [](R& r) {
+    return get_list<WorkerProgress>(r, [](R& e) {
+      const uint32_t n = get_tuple(e, 5, "[index, plans_received, results_sent, steps_done, running_ms]");
+      WorkerProgress p;
+      p.index = in("index", [&] { return get_int<uint32_t>(e); });
+      p.plans_received = in("plans_received", [&] { return get_u64(e); });
+      p.results_sent = in("results_sent", [&] { return get_u64(e); });
+      p.steps_done = in("steps_done", [&] { return get_u64(e); });
+      p.running_ms = in("running_ms", [&] { return get_i64(e); });
+      skip_rest(e, n, 5);
+      return p;
+    });
+  });
+  f.opt("acks", m.acks, [](R& r) {
+    return get_list<WorkerAck>(r, [](R& e) {
+      const uint32_t n = get_tuple(e, 2, "[index, results_received]");
+      WorkerAck a;
+      a.index = in("index", [&] { return get_int<uint32_t>(e); });
+      a.results_received = in("results_received", [&] { return get_u64(e); });
+      skip_rest(e, n, 2);
+      return a;
+    });
+  });
   return m;
 }
 
@@ -257,6 +320,8 @@ Register get_register(const Fields& f) {
       i.vocab_size = w.req("vocab_size", get_int<int32_t>);
       i.threads = w.req("threads", get_int<int32_t>);
       i.fingerprint = w.req("fingerprint", get_u64);
+      w.opt("kv_bytes", i.kv_bytes, get_int<int64_t>);
+      w.opt("cost", i.cost, get_str);
       return i;
     });
   });
@@ -280,13 +345,13 @@ Registered get_registered(const Fields& f) {
 }
 
 // `type` is the frame's "t"; throws kUnknownType for a name no message has.
-Message decode_message(const std::string& type, const Fields& f) {
+Message decode_message(const std::string& type, const Fields& f, const SubmitLimits& limits) {
   size_t index = kMessageTypes.size();
   for (size_t i = 0; i < kMessageTypes.size(); ++i)
     if (type == kMessageTypes[i]) index = i;
   switch (index) {
     case 0:
-      return get_submit(f);
+      return get_submit(f, limits);
     case 1:
       return Accepted{f.req("tag", get_u64), f.req("request_id", get_u64)};
     case 2:
@@ -308,12 +373,15 @@ Message decode_message(const std::string& type, const Fields& f) {
       return get_registered(f);
     case 10:
       return Refused{f.req("reason", get_str)};
-    case 11:
-      return Plan{f.req("worker", get_int<uint32_t>), f.req("plan", get_plan)};
+    case 11: {
+      Plan p{f.req("worker", get_int<uint32_t>), f.req("plan", get_plan), 0};
+      f.opt("ack", p.ack, get_u64);
+      return p;
+    }
     case 12:
       return Result{f.req("worker", get_int<uint32_t>), f.req("result", get_result)};
     case 13:
-      return Heartbeat{};
+      return get_heartbeat(f);
     case 14:
       return Drain{};
     case 15:
@@ -324,13 +392,15 @@ Message decode_message(const std::string& type, const Fields& f) {
       f.opt("tag", e.tag, get_u64);
       return e;
     }
+    case 17:
+      return Reset{f.req("reason", get_str)};
   }
   throw Failure{ErrorCode::kUnknownType, "", "unknown message type \"" + printable(type) + "\""};
 }
 
 }  // namespace
 
-Decoded decode(std::string_view bytes, size_t max_frame_bytes) {
+Decoded decode(std::string_view bytes, size_t max_frame_bytes, const SubmitLimits& limits) {
   Decoded d;
   if (bytes.size() > max_frame_bytes) {
     d.error = {ErrorCode::kTooLarge,
@@ -361,7 +431,7 @@ Decoded decode(std::string_view bytes, size_t max_frame_bytes) {
                         " is not supported (this peer speaks version " + std::to_string(kProtocolVersion) +
                         ")"};
     const std::string t = f.req("t", get_str);
-    d.message = decode_message(t, f);
+    d.message = decode_message(t, f, limits);
   } catch (Failure& e) {
     std::string where = e.path;  // unknown_type: the problem names the type already
     if (!type.empty() && e.code != ErrorCode::kUnknownType) where = where.empty() ? type : type + "." + where;

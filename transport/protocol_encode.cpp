@@ -189,7 +189,7 @@ struct Encoder {
   }
   void operator()(const Status&) { w.begin("status", 0); }
   void operator()(const StatusReply& m) {
-    w.begin("status_reply", 7);
+    w.begin("status_reply", 12);
     w.value("workers");
     w.array(m.workers.size());
     for (const auto& s : m.workers) {
@@ -210,6 +210,11 @@ struct Encoder {
     }
     w.kv("queue_depth", m.queue_depth);
     w.kv("max_queue", m.max_queue);
+    w.kv("workers_lost", m.workers_lost);
+    w.kv("workers_hung", m.workers_hung);
+    w.kv("workers_broken", m.workers_broken);
+    w.kv("requests_moved", m.requests_moved);
+    w.kv("tokens_recomputed", m.tokens_recomputed);
     w.kv("requests_served", m.requests_served);
     w.kv("requests_running", m.requests_running);
     w.kv("requests_rejected", m.requests_rejected);
@@ -221,7 +226,7 @@ struct Encoder {
     w.value("workers");
     w.array(m.workers.size());
     for (const auto& i : m.workers) {
-      w.map(8);
+      w.map(8 + (i.kv_bytes != 0) + !i.cost.empty());
       w.kv("index", i.index);
       w.kv("device", i.device);
       w.kv("num_blocks", i.num_blocks);
@@ -230,6 +235,8 @@ struct Encoder {
       w.kv("vocab_size", i.vocab_size);
       w.kv("threads", i.threads);
       w.kv("fingerprint", i.fingerprint);
+      if (i.kv_bytes != 0) w.kv("kv_bytes", i.kv_bytes);
+      if (!i.cost.empty()) w.kv("cost", i.cost);
     }
   }
   void operator()(const Registered& m) {
@@ -249,10 +256,11 @@ struct Encoder {
     w.kv("reason", m.reason);
   }
   void operator()(const Plan& m) {
-    w.begin("plan", 2);
+    w.begin("plan", m.ack ? 3 : 2);
     w.kv("worker", m.worker);
     w.value("plan");
     write_plan(w, m.plan);
+    if (m.ack) w.kv("ack", m.ack);
   }
   void operator()(const Result& m) {
     w.begin("result", 2);
@@ -260,9 +268,26 @@ struct Encoder {
     w.value("result");
     write_result(w, m.result);
   }
-  void operator()(const Heartbeat&) { w.begin("heartbeat", 0); }
+  void operator()(const Heartbeat& m) {
+    w.begin("heartbeat", !m.progress.empty() + !m.acks.empty());
+    if (!m.progress.empty()) {
+      w.value("progress");  // [[index, plans_received, results_sent, steps_done, running_ms], ...]
+      w.array(m.progress.size());
+      for (const auto& p : m.progress)
+        w.tuple(p.index, p.plans_received, p.results_sent, p.steps_done, p.running_ms);
+    }
+    if (!m.acks.empty()) {
+      w.value("acks");  // [[index, results_received], ...]
+      w.array(m.acks.size());
+      for (const auto& a : m.acks) w.tuple(a.index, a.results_received);
+    }
+  }
   void operator()(const Drain&) { w.begin("drain", 0); }
   void operator()(const Shutdown&) { w.begin("shutdown", 0); }
+  void operator()(const Reset& m) {
+    w.begin("reset", 1);
+    w.kv("reason", m.reason);
+  }
   void operator()(const Error& m) {
     w.begin("error", m.tag ? 3 : 2);
     w.kv("code", to_string(m.code));

@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <future>
 #include <iostream>
 #include <mutex>
-#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -17,6 +17,8 @@
 #include <zmq_addon.hpp>
 
 #include "transport/log_throttle.hpp"
+#include "transport/socket_backlog.hpp"
+#include "transport/socket_open.hpp"
 #include "transport/zap_handler.hpp"
 
 namespace troupe::transport {
@@ -43,22 +45,6 @@ std::string hex(const std::string& id) {
   return out.empty() ? "-" : out;
 }
 
-std::string zap_domain(SocketId id) { return "troupe-" + std::to_string(id); }
-
-// A client socket's identity at the server: random, so it cannot be guessed,
-// and set by us, so it survives ZeroMQ's own reconnects of the socket (a
-// ROUTER would otherwise name every new connection anew). Ids starting with
-// a zero byte are the ROUTER's own, hence the first byte.
-std::string random_routing_id() {
-  static std::mutex mutex;
-  static std::random_device device;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::string id(16, '\0');
-  for (char& c : id) c = static_cast<char>(device());
-  id[0] = static_cast<char>(0x80 | (static_cast<unsigned char>(id[0]) & 0x7f));
-  return id;
-}
-
 }  // namespace
 
 struct SocketLoop::Impl {
@@ -82,22 +68,32 @@ struct SocketLoop::Impl {
   FrameHandler frame_handler;
   TickHandler tick_handler;
   UndeliverableHandler undeliverable_handler;
+  LaggingHandler lagging_handler;
+  SocketEventHandler event_handler;
   ZapHandler zap;
   bool needs_zap = false;
 
-  std::mutex mutex;  // guards outbox and running
+  std::mutex mutex;                     // guards outbox, running and loop_thread
+  std::condition_variable outbox_room;  // the loop thread took the outbox, or stopped
   std::deque<Command> outbox;
   bool running = false;
+  std::thread::id loop_thread;
   const int wakeup;  // eventfd: senders add 1 after queueing, the loop reads it to 0
   std::thread thread;
 
   std::atomic<uint64_t> frames_in{0}, bytes_in{0}, frames_out{0}, bytes_out{0}, oversize{0}, bad_envelopes{0},
-      undeliverable{0}, auth_accepted{0}, auth_refused{0};
-  LogThrottle oversize_log, envelope_log, undeliverable_log, auth_log, handler_log;
+      undeliverable{0}, auth_accepted{0}, auth_refused{0}, backlogged_frames{0}, backlogged_bytes{0},
+      peers_cut{0}, cut_frames{0}, outbox_waits{0}, handshake_failures{0};
+  LogThrottle oversize_log, envelope_log, undeliverable_log, auth_log, handler_log, backlog_log,
+      handshake_log;
 
   // Loop thread only.
-  std::vector<std::unique_ptr<zmq::socket_t>> sockets;
+  std::vector<OpenSocket> slots;
+  std::vector<SocketBacklog> backlogs;  // one per socket; only server sockets fill theirs
+  std::vector<std::shared_ptr<std::promise<void>>>
+      flushes;  // flush() calls waiting for the backlogs to empty
   std::unique_ptr<zmq::socket_t> zap_socket;
+  int monitors_opened = 0;  // numbers the monitors' inproc endpoints
 
   void log(const std::string& line) const {
     if (options.log)
@@ -108,59 +104,62 @@ struct SocketLoop::Impl {
   const std::string& name(SocketId id) const {
     return specs[id].name.empty() ? specs[id].endpoint : specs[id].name;
   }
+  bool is_server(SocketId id) const { return specs[id].role == SocketOptions::Role::kServer; }
 
-  std::unique_ptr<zmq::socket_t> open(SocketId id) {
-    const SocketOptions& o = specs[id];
-    const bool server = o.role == SocketOptions::Role::kServer;
-    auto s =
-        std::make_unique<zmq::socket_t>(ctx, server ? zmq::socket_type::router : zmq::socket_type::dealer);
-    s->set(zmq::sockopt::linger, 0);
-    s->set(zmq::sockopt::sndhwm, o.send_hwm);
-    s->set(zmq::sockopt::rcvhwm, o.recv_hwm);
+  // Runs one of the program's handlers; what it throws is logged, not passed on.
+  template <typename Handler, typename... Args>
+  void call(const char* what, const Handler& handler, Args&&... args) {
+    if (!handler) return;
+    try {
+      handler(std::forward<Args>(args)...);
+    } catch (const std::exception& e) {
+      if (handler_log.allow()) log(std::string(what) + " threw: " + e.what());
+    }
+  }
+
+  // Any thread. False when the loop is not running.
+  bool enqueue(Command&& c) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!running) return false;
+      outbox.push_back(std::move(c));
+    }
+    wake();
+    return true;
+  }
+  void wake() const {
+    const uint64_t one = 1;
+    (void)!::write(wakeup, &one, sizeof one);
+  }
+
+  OpenSocket open(SocketId id) {
     const size_t cut =
         options.disconnect_frame_bytes ? options.disconnect_frame_bytes : 2 * options.max_frame_bytes;
-    s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cut));
-    if (o.tcp_heartbeat_ms > 0) {
-      s->set(zmq::sockopt::heartbeat_ivl, o.tcp_heartbeat_ms);
-      s->set(zmq::sockopt::heartbeat_timeout, 3 * o.tcp_heartbeat_ms);
-    }
-    if (server) {
-      s->set(zmq::sockopt::router_mandatory, true);  // a send to a vanished peer fails (EHOSTUNREACH)
-      // A client back from a network blip takes its identity over even before
-      // its old, dead connection has timed out (identities are unguessable).
-      s->set(zmq::sockopt::router_handover, true);
-      if (o.curve_server) {
-        s->set(zmq::sockopt::zap_domain, zap_domain(id));
-        s->set(zmq::sockopt::curve_server, true);
-        s->set(zmq::sockopt::curve_secretkey, o.curve_server->secret_key);
-      }
-      s->bind(o.endpoint);
-    } else {
-      s->set(zmq::sockopt::routing_id, random_routing_id());
-      s->set(zmq::sockopt::reconnect_ivl, o.reconnect_ivl_ms);
-      s->set(zmq::sockopt::reconnect_ivl_max, o.reconnect_ivl_max_ms);
-      if (o.curve_client) {
-        s->set(zmq::sockopt::curve_serverkey, o.curve_client->server_key);
-        s->set(zmq::sockopt::curve_publickey, o.curve_client->public_key);
-        s->set(zmq::sockopt::curve_secretkey, o.curve_client->secret_key);
-      }
-      s->connect(o.endpoint);
-    }
-    return s;
+    return open_socket(ctx, id, specs[id], cut,
+                       "inproc://troupe-monitor-" + std::to_string(++monitors_opened));
   }
 
   void run(std::promise<void>& started);
   void poll_forever();
   void read_socket(SocketId id);
   void on_message(SocketId id, std::vector<zmq::message_t>& parts, size_t dropped_parts);
+  void read_monitor(SocketId id);
+  void on_event(SocketId id, const SocketEvent& event, bool refused_by_zap);
   void write(SocketId id, const std::string& peer, std::string&& body);
+  SocketBacklog::Sent send_to_peer(SocketId id, const std::string& peer, std::string& body);
+  void cut(SocketId id, const std::string& peer);
+  void retry_backlogs();
   void reply_error(SocketId id, const std::string& peer, ErrorCode code, const std::string& message);
-  void dropped(SocketId id, const std::string& peer, const std::string& why);
+  void dropped(SocketId id, const std::string& peer, const std::string& why, size_t frames = 1);
   void serve_zap();
   void drain_outbox();
 };
 
 void SocketLoop::Impl::run(std::promise<void>& started) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    loop_thread = std::this_thread::get_id();
+  }
   try {
     if (needs_zap) {
       // The ZAP handler must be bound before any CURVE server socket exists (RFC 27).
@@ -170,18 +169,17 @@ void SocketLoop::Impl::run(std::promise<void>& started) {
     }
     for (SocketId id = 0; id < static_cast<SocketId>(specs.size()); ++id) {
       try {
-        sockets.push_back(open(id));
+        slots.push_back(open(id));
       } catch (const zmq::error_t& e) {
         throw std::runtime_error("socket " + name(id) + ": cannot " +
-                                 (specs[id].role == SocketOptions::Role::kServer ? "bind " : "connect to ") +
-                                 specs[id].endpoint + ": " + e.what());
+                                 (is_server(id) ? "bind " : "connect to ") + specs[id].endpoint + ": " +
+                                 e.what());
       }
-      endpoints[id] = specs[id].role == SocketOptions::Role::kServer
-                          ? sockets.back()->get(zmq::sockopt::last_endpoint)
-                          : specs[id].endpoint;
+      endpoints[id] =
+          is_server(id) ? slots.back().socket->get(zmq::sockopt::last_endpoint) : specs[id].endpoint;
     }
   } catch (...) {
-    sockets.clear();  // linger 0: closes at once
+    slots.clear();  // linger 0: closes at once
     zap_socket.reset();
     started.set_exception(std::current_exception());
     return;
@@ -195,8 +193,11 @@ void SocketLoop::Impl::run(std::promise<void>& started) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     running = false;
+    outbox.clear();  // a flush() still waiting gets a broken promise
   }
-  sockets.clear();
+  outbox_room.notify_all();
+  flushes.clear();
+  slots.clear();
   zap_socket.reset();
 }
 
@@ -207,7 +208,8 @@ void SocketLoop::Impl::poll_forever() {
   for (;;) {
     items.clear();
     if (zap_socket) items.push_back({zap_socket->handle(), 0, ZMQ_POLLIN, 0});
-    for (auto& s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+    for (auto& s : slots) items.push_back({s.socket->handle(), 0, ZMQ_POLLIN, 0});
+    for (auto& s : slots) items.push_back({s.monitor->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, wakeup, ZMQ_POLLIN, 0});
 
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - Clock::now());
@@ -216,29 +218,27 @@ void SocketLoop::Impl::poll_forever() {
 
     size_t k = 0;
     if (zap_socket && (items[k++].revents & ZMQ_POLLIN)) serve_zap();
-    for (SocketId id = 0; id < static_cast<SocketId>(sockets.size()); ++id)
+    const auto n = static_cast<SocketId>(slots.size());
+    for (SocketId id = 0; id < n; ++id)
       if (items[k++].revents & ZMQ_POLLIN) read_socket(id);
+    for (SocketId id = 0; id < n; ++id)
+      if (items[k++].revents & ZMQ_POLLIN) read_monitor(id);
     if (items[k].revents & ZMQ_POLLIN) {
-      uint64_t n = 0;
-      (void)!::read(wakeup, &n, sizeof n);  // to 0 before the swap: a later send wakes the next poll
+      uint64_t count = 0;
+      (void)!::read(wakeup, &count, sizeof count);  // to 0 before the swap: a later send wakes the next poll
       drain_outbox();
     }
+    retry_backlogs();  // every wakeup, ticks included
     const auto now = Clock::now();
     if (now >= next_tick) {
       next_tick = now + tick;
-      if (tick_handler) {
-        try {
-          tick_handler(now);
-        } catch (const std::exception& e) {
-          if (handler_log.allow()) log(std::string("on_tick threw: ") + e.what());
-        }
-      }
+      call("on_tick", tick_handler, now);
     }
   }
 }
 
 void SocketLoop::Impl::read_socket(SocketId id) {
-  zmq::socket_t& s = *sockets[id];
+  zmq::socket_t& s = *slots[id].socket;
   for (int n = 0; n < kMaxReadsPerWakeup; ++n) {
     std::vector<zmq::message_t> parts(1);
     if (!s.recv(parts[0], zmq::recv_flags::dontwait)) return;
@@ -259,7 +259,7 @@ void SocketLoop::Impl::read_socket(SocketId id) {
 }
 
 void SocketLoop::Impl::on_message(SocketId id, std::vector<zmq::message_t>& parts, size_t dropped_parts) {
-  const bool server = specs[id].role == SocketOptions::Role::kServer;
+  const bool server = is_server(id);
   const std::string peer = server ? parts[0].to_string() : std::string();
   const size_t first_body = server ? 1 : 0;
   const size_t bodies = parts.size() - first_body + dropped_parts;
@@ -283,12 +283,40 @@ void SocketLoop::Impl::on_message(SocketId id, std::vector<zmq::message_t>& part
   }
   ++frames_in;
   bytes_in += body.size();
-  if (!frame_handler) return;
-  try {
-    frame_handler(Frame{id, peer, body.to_string()});
-  } catch (const std::exception& e) {
-    if (handler_log.allow()) log(name(id) + ": on_frame threw: " + e.what());
+  call("on_frame", frame_handler, Frame{id, peer, body.to_string()});
+}
+
+void SocketLoop::Impl::read_monitor(SocketId id) {
+  zmq::socket_t& m = *slots[id].monitor;
+  const bool curve = specs[id].curve_server || specs[id].curve_client;
+  for (int n = 0; n < kMaxReadsPerWakeup; ++n) {
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(m, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
+    // libzmq's version 1 event: [uint16 event, uint32 value] (host order), then the endpoint.
+    if (parts.size() != 2 || parts[0].size() != 6) continue;
+    uint16_t event = 0;
+    uint32_t value = 0;
+    std::memcpy(&event, parts[0].data(), sizeof event);
+    std::memcpy(&value, parts[0].data<char>() + sizeof event, sizeof value);
+    if (auto e = socket_event(event, value, parts[1].to_string(), is_server(id), curve))
+      on_event(id, *e, event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
   }
+}
+
+void SocketLoop::Impl::on_event(SocketId id, const SocketEvent& event, bool refused_by_zap) {
+  if (event.kind == SocketEvent::kHandshakeFailed) {
+    uint64_t count = 0;
+    const bool server = is_server(id);
+    // serve_zap logged a server's refusal already, with the client's key and address.
+    if (!(server && refused_by_zap) && handshake_log.allow(&count))
+      log(name(id) +
+          (server
+               ? ": a client's handshake failed at " + event.address + " (libzmq names no client address): "
+               : ": handshake with " + event.address + " failed: ") +
+          event.reason + " (" + std::to_string(count) + " so far)");
+    ++handshake_failures;  // after the log line: whoever sees the count finds the line
+  }
+  call("on_socket_event", event_handler, id, event);
 }
 
 void SocketLoop::Impl::reply_error(SocketId id, const std::string& peer, ErrorCode code,
@@ -296,38 +324,95 @@ void SocketLoop::Impl::reply_error(SocketId id, const std::string& peer, ErrorCo
   write(id, peer, encode(Error{code, message, std::nullopt}));
 }
 
-void SocketLoop::Impl::dropped(SocketId id, const std::string& peer, const std::string& why) {
-  ++undeliverable;
+void SocketLoop::Impl::dropped(SocketId id, const std::string& peer, const std::string& why, size_t frames) {
+  undeliverable += frames;
   uint64_t count = 0;
   if (undeliverable_log.allow(&count))
-    log(name(id) + ": frame for peer=" + hex(peer) + " dropped: " + why + " (" + std::to_string(count) +
-        " so far)");
-  if (undeliverable_handler) {
-    try {
-      undeliverable_handler(id, peer);
-    } catch (const std::exception& e) {
-      if (handler_log.allow()) log(name(id) + ": on_undeliverable threw: " + e.what());
-    }
-  }
+    log(name(id) + ": " + (frames == 1 ? "frame" : std::to_string(frames) + " frames") +
+        " for peer=" + hex(peer) + " dropped: " + why + " (" + std::to_string(count) + " so far)");
+  call("on_undeliverable", undeliverable_handler, id, peer);
 }
 
 void SocketLoop::Impl::write(SocketId id, const std::string& peer, std::string&& body) {
-  zmq::socket_t& s = *sockets[id];
-  const size_t size = body.size();
-  try {
-    if (specs[id].role == SocketOptions::Role::kServer) {
-      if (!s.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
-        return dropped(id, peer, "its queue is full");
-      s.send(to_message(std::move(body)), zmq::send_flags::dontwait);  // parts after the first never block
-    } else if (!s.send(to_message(std::move(body)), zmq::send_flags::dontwait)) {
-      return dropped(id, peer, "the queue to the server is full");
+  if (!is_server(id)) {
+    const size_t size = body.size();
+    try {
+      if (!slots[id].socket->send(to_message(std::move(body)), zmq::send_flags::dontwait))
+        return dropped(id, peer, "the queue to the server is full");
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) throw;
+      return dropped(id, peer, e.what());
     }
+    ++frames_out;
+    bytes_out += size;
+    return;
+  }
+  SocketBacklog& backlog = backlogs[id];
+  if (!backlog.holds(peer)) {
+    const SocketBacklog::Sent sent = send_to_peer(id, peer, body);
+    if (sent == SocketBacklog::Sent::kSent) return;
+    if (sent == SocketBacklog::Sent::kGone) return dropped(id, peer, "the peer is gone");
+  }
+  if (backlog.push(peer, std::move(body)) == SocketBacklog::Pushed::kCut) cut(id, peer);
+}
+
+SocketBacklog::Sent SocketLoop::Impl::send_to_peer(SocketId id, const std::string& peer, std::string& body) {
+  zmq::socket_t& s = *slots[id].socket;
+  try {
+    if (!s.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      return SocketBacklog::Sent::kWouldBlock;
+    const size_t size = body.size();
+    s.send(to_message(std::move(body)), zmq::send_flags::dontwait);  // parts after the first never block
+    ++frames_out;
+    bytes_out += size;
+    return SocketBacklog::Sent::kSent;
   } catch (const zmq::error_t& e) {
     if (e.num() == ETERM) throw;
-    return dropped(id, peer, e.num() == EHOSTUNREACH ? "the peer is gone" : e.what());
+    if (e.num() != EHOSTUNREACH && undeliverable_log.allow())
+      log(name(id) + ": sending to peer=" + hex(peer) + ": " + e.what());
+    return SocketBacklog::Sent::kGone;
   }
-  ++frames_out;
-  bytes_out += size;
+}
+
+void SocketLoop::Impl::cut(SocketId id, const std::string& peer) {
+  uint64_t count = 0;
+  if (backlog_log.allow(&count))
+    log(name(id) + ": peer=" + hex(peer) + " is too slow: its backlog is full (" +
+        std::to_string(options.max_peer_backlog_frames) + " frames / " +
+        std::to_string(options.max_peer_backlog_bytes) +
+        " bytes); it gets a last frame and nothing more until it has read what waits (" +
+        std::to_string(count) + " so far)");
+  call("on_lagging", lagging_handler, id, peer);
+  if (!options.lagging_farewell) return;
+  try {
+    backlogs[id].add_farewell(peer, options.lagging_farewell(id, peer));
+  } catch (const std::exception& e) {
+    if (handler_log.allow()) log(std::string("lagging_farewell threw: ") + e.what());
+  }
+}
+
+void SocketLoop::Impl::retry_backlogs() {
+  uint64_t frames = 0, bytes = 0, cuts = 0, cut_dropped = 0;
+  for (SocketId id = 0; id < static_cast<SocketId>(backlogs.size()); ++id) {
+    SocketBacklog& backlog = backlogs[id];
+    const SocketBacklog::Retried r = backlog.retry(
+        [&](const std::string& peer, std::string& body) { return send_to_peer(id, peer, body); });
+    for (const auto& [peer, lost] : r.gone) dropped(id, peer, "the peer is gone", lost);
+    for (const std::string& peer : r.whole)
+      if (backlog_log.allow()) log(name(id) + ": peer=" + hex(peer) + " has caught up: it gets frames again");
+    frames += backlog.frames();
+    bytes += backlog.bytes();
+    cuts += backlog.peers_cut();
+    cut_dropped += backlog.cut_frames();
+  }
+  backlogged_frames = frames;
+  backlogged_bytes = bytes;
+  peers_cut = cuts;
+  cut_frames = cut_dropped;
+  if (frames == 0) {
+    for (auto& f : flushes) f->set_value();
+    flushes.clear();
+  }
 }
 
 void SocketLoop::Impl::serve_zap() {
@@ -344,9 +429,12 @@ void SocketLoop::Impl::serve_zap() {
     ++auth_accepted;
     return;
   }
+  std::string socket = "?";
+  for (SocketId id = 0; id < static_cast<SocketId>(specs.size()); ++id)
+    if (request.size() > 2 && request[2] == zap_domain(id)) socket = name(id);
   uint64_t count = 0;
   if (auth_log.allow(&count))
-    log("refused CurveZMQ client key=" + (d.client_key.empty() ? "-" : d.client_key) +
+    log(socket + ": refused CurveZMQ client key=" + (d.client_key.empty() ? "-" : d.client_key) +
         " address=" + d.address + ": " + d.reason + " (" + std::to_string(count) + " so far)");
   ++auth_refused;  // after the log line: whoever sees the count finds the line
 }
@@ -357,17 +445,18 @@ void SocketLoop::Impl::drain_outbox() {
     std::lock_guard<std::mutex> lock(mutex);
     batch.swap(outbox);
   }
+  outbox_room.notify_all();
   for (Command& c : batch) {
     if (c.kind == Command::kSend) {
       write(c.socket, c.peer, std::move(c.body));
     } else if (c.kind == Command::kFlush) {
-      for (auto& socket : sockets)
-        if (socket) socket->set(zmq::sockopt::linger, c.linger_ms);
-      c.flushed->set_value();
-    } else if (specs[c.socket].role == SocketOptions::Role::kClient) {
+      for (auto& slot : slots) slot.socket->set(zmq::sockopt::linger, c.linger_ms);
+      flushes.push_back(std::move(c.flushed));  // set by retry_backlogs once no backlog holds a frame
+    } else if (!is_server(c.socket)) {
       log(name(c.socket) + ": reconnecting to " + specs[c.socket].endpoint);
-      sockets[c.socket].reset();
-      sockets[c.socket] = open(c.socket);
+      slots[c.socket].socket.reset();  // closing it ends its monitor
+      slots[c.socket].monitor.reset();
+      slots[c.socket] = open(c.socket);
     }
   }
 }
@@ -390,6 +479,8 @@ SocketId SocketLoop::add_socket(SocketOptions options) {
   }
   impl_->specs.push_back(std::move(options));
   impl_->endpoints.push_back(impl_->specs.back().endpoint);
+  impl_->backlogs.emplace_back(
+      BacklogLimits{options_.max_peer_backlog_frames, options_.max_peer_backlog_bytes});
   return id;
 }
 
@@ -398,6 +489,8 @@ void SocketLoop::on_tick(TickHandler handler) { impl_->tick_handler = std::move(
 void SocketLoop::on_undeliverable(UndeliverableHandler handler) {
   impl_->undeliverable_handler = std::move(handler);
 }
+void SocketLoop::on_lagging(LaggingHandler handler) { impl_->lagging_handler = std::move(handler); }
+void SocketLoop::on_socket_event(SocketEventHandler handler) { impl_->event_handler = std::move(handler); }
 
 void SocketLoop::start() {
   if (impl_->thread.joinable()) throw std::logic_error("SocketLoop: started twice");
@@ -432,19 +525,31 @@ bool SocketLoop::send(SocketId socket, std::string peer, std::string body) {
           " bytes: over the limit of " + std::to_string(options_.max_frame_bytes));
     return false;
   }
+  bool waited = false;
   {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    if (!impl_->running) return false;
-    if (options_.max_outbox && impl_->outbox.size() >= options_.max_outbox) {
-      ++impl_->undeliverable;
-      if (impl_->undeliverable_log.allow()) log(impl_->name(socket) + ": outbox full, frame dropped");
-      return false;
+    std::unique_lock<std::mutex> lock(impl_->mutex);
+    const auto room = [&] {
+      return !impl_->running || !options_.max_outbox || impl_->outbox.size() < options_.max_outbox;
+    };
+    // The loop thread cannot wait for itself to drain the outbox.
+    waited = !room() && options_.outbox_wait.count() > 0 && std::this_thread::get_id() != impl_->loop_thread;
+    if (waited) {
+      ++impl_->outbox_waits;
+      impl_->outbox_room.wait_for(lock, options_.outbox_wait, room);
     }
-    impl_->outbox.push_back({Impl::Command::kSend, socket, std::move(peer), std::move(body)});
+    if (!impl_->running) return false;
+    if (room()) {
+      impl_->outbox.push_back({Impl::Command::kSend, socket, std::move(peer), std::move(body)});
+      lock.unlock();
+      impl_->wake();
+      return true;
+    }
   }
-  const uint64_t one = 1;
-  (void)!::write(impl_->wakeup, &one, sizeof one);
-  return true;
+  ++impl_->undeliverable;
+  if (impl_->undeliverable_log.allow())
+    log(impl_->name(socket) + ": outbox full (" + std::to_string(options_.max_outbox) + " frames)" +
+        (waited ? " for " + std::to_string(options_.outbox_wait.count()) + " ms" : "") + ": frame dropped");
+  return false;
 }
 
 bool SocketLoop::send_message(SocketId socket, std::string peer, const Message& message) {
@@ -456,36 +561,45 @@ void SocketLoop::reconnect(SocketId socket) {
     log("reconnect: no socket " + std::to_string(socket));
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    if (!impl_->running) return;
-    impl_->outbox.push_back({Impl::Command::kReconnect, socket, {}, {}});
-  }
-  const uint64_t one = 1;
-  (void)!::write(impl_->wakeup, &one, sizeof one);
+  impl_->enqueue({Impl::Command::kReconnect, socket, {}, {}});
 }
 
 bool SocketLoop::flush(std::chrono::milliseconds timeout) {
   auto flushed = std::make_shared<std::promise<void>>();
   std::future<void> done = flushed->get_future();
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    if (!impl_->running) return false;
-    Impl::Command c;
-    c.kind = Impl::Command::kFlush;
-    c.flushed = flushed;
-    c.linger_ms = static_cast<int>(timeout.count());
-    impl_->outbox.push_back(std::move(c));
+  Impl::Command c;
+  c.kind = Impl::Command::kFlush;
+  c.flushed = std::move(flushed);
+  c.linger_ms = static_cast<int>(timeout.count());
+  if (!impl_->enqueue(std::move(c))) return false;
+  if (done.wait_for(timeout) != std::future_status::ready) return false;
+  try {
+    done.get();
+    return true;
+  } catch (const std::future_error&) {
+    return false;  // the loop ended first
   }
-  const uint64_t one = 1;
-  (void)!::write(impl_->wakeup, &one, sizeof one);
-  return done.wait_for(timeout) == std::future_status::ready;
 }
 
 LoopStats SocketLoop::stats() const {
   const Impl& i = *impl_;
-  return {i.frames_in,     i.bytes_in,      i.frames_out,    i.bytes_out,   i.oversize,
-          i.bad_envelopes, i.undeliverable, i.auth_accepted, i.auth_refused};
+  LoopStats s;
+  s.frames_in = i.frames_in;
+  s.bytes_in = i.bytes_in;
+  s.frames_out = i.frames_out;
+  s.bytes_out = i.bytes_out;
+  s.oversize = i.oversize;
+  s.bad_envelopes = i.bad_envelopes;
+  s.undeliverable = i.undeliverable;
+  s.auth_accepted = i.auth_accepted;
+  s.auth_refused = i.auth_refused;
+  s.backlogged_frames = i.backlogged_frames;
+  s.backlogged_bytes = i.backlogged_bytes;
+  s.peers_cut = i.peers_cut;
+  s.cut_frames = i.cut_frames;
+  s.outbox_waits = i.outbox_waits;
+  s.handshake_failures = i.handshake_failures;
+  return s;
 }
 
 void SocketLoop::log(const std::string& line) const { impl_->log(line); }
@@ -498,6 +612,7 @@ void SocketLoop::stop() {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->running = false;
   }
+  impl_->outbox_room.notify_all();
   if (impl_->thread.joinable()) {
     impl_->ctx.shutdown();  // every zmq call on the loop thread now fails with ETERM
     impl_->thread.join();   // it closes its sockets on the way out

@@ -15,8 +15,6 @@ void validate(const SocketOptions& o) {
     if (o.curve_server) {
       if (!is_z85_key(o.curve_server->secret_key))
         throw std::invalid_argument(what + "the CurveZMQ secret key is not 40 Z85 characters");
-      if (o.curve_server->allowed_clients.empty())
-        throw std::invalid_argument(what + "CurveZMQ with no allowed client keys would refuse every client");
       for (const auto& k : o.curve_server->allowed_clients)
         if (!is_z85_key(k))
           throw std::invalid_argument(what + "an allowed client key is not 40 Z85 characters");

@@ -12,7 +12,7 @@ using SocketId = int;  // a SocketLoop's sockets, in the order of add_socket, fr
 // A server's side of CurveZMQ.
 struct CurveServerKeys {
   std::string secret_key;                    // Z85, this server's long-term secret key
-  std::vector<std::string> allowed_clients;  // Z85 public keys; no other client gets in (non-empty)
+  std::vector<std::string> allowed_clients;  // Z85 public keys; no other client gets in (empty: none does)
 };
 
 // A client's side of CurveZMQ.
@@ -46,9 +46,10 @@ struct SocketOptions {
 };
 
 // Throws std::invalid_argument when the options cannot work: no endpoint,
-// keys of the other role, keys that are not Z85, a CurveZMQ server that
-// allows no client, a non-loopback server without keys and without
-// `insecure` (check_bind_security).
+// keys of the other role, keys that are not Z85, a non-loopback server
+// without keys and without `insecure` (check_bind_security). (A CurveZMQ
+// server that allows no key is valid: it lets nobody in, as a head does on
+// its worker socket when no worker key is given.)
 void validate(const SocketOptions& options);
 
 }  // namespace troupe::transport

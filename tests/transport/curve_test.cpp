@@ -1,10 +1,13 @@
 // CurveZMQ: keys and key files, the bind policy, the ZAP decisions, and live
 // sockets: a client with an allowed key is served; one without (another key,
-// no key, the wrong server key) never gets a frame to the server.
+// no key, the wrong server key) never gets a frame to the server, and both
+// sides are told why (SocketEvent, the server's log and handshake_failures).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
+#include <map>
+#include <memory>
 
 #include "loop_harness.hpp"
 #include "test_utils.hpp"
@@ -174,16 +177,29 @@ struct CurveCluster {
   }
 };
 
+// A started CurveZMQ server of `c` and a started client of it with `own`
+// keys that trusts `server_key`.
+struct Dialled {
+  Dialled(const CurveCluster& c, const KeyPair& own, const std::string& server_key)
+      : server(c.server_options()) {
+    server.loop.start();
+    endpoint = server.loop.endpoint(server.id);
+    client = std::make_unique<Endpoint>(c.client_options(endpoint, own, server_key));
+    client->loop.start();
+  }
+  Endpoint server;
+  std::string endpoint;
+  std::unique_ptr<Endpoint> client;
+};
+
 TEST(CurveSockets, AllowedKeyIsServedBothWays) {
   CurveCluster c;
-  Endpoint server(c.server_options());
-  server.loop.start();
-  Endpoint client(c.client_options(server.loop.endpoint(server.id), c.allowed, c.server.public_key));
-  client.loop.start();
-  client.loop.send_message(client.id, "", Cancel{11});
+  Dialled d(c, c.allowed, c.server.public_key);
+  Endpoint& server = d.server;
+  d.client->loop.send_message(d.client->id, "", Cancel{11});
   EXPECT_EQ(std::get<Cancel>(server.next()).tag, 11u);
   server.loop.send_message(server.id, server.last_peer, Accepted{11, 3});
-  EXPECT_EQ(std::get<Accepted>(client.next()).request_id, 3u);
+  EXPECT_EQ(std::get<Accepted>(d.client->next()).request_id, 3u);
   EXPECT_EQ(server.loop.stats().auth_accepted, 1u);
   EXPECT_EQ(server.loop.stats().auth_refused, 0u);
 }
@@ -255,6 +271,129 @@ TEST(CurveSockets, NoKeyOrTheWrongServerKeyNeverGetsThrough) {
   friendly.loop.send_message(friendly.id, "", Cancel{3});
   EXPECT_EQ(std::get<Cancel>(server.next()).tag, 3u);
   EXPECT_EQ(server.loop.stats().frames_in, 1u) << "nothing else reached the server";
+}
+
+// The handshake failures both sides see, and say why (socket_event.hpp has
+// what libzmq 4.3.4 reports in each case).
+TEST(CurveSockets, KeylessClientFailsFastAndTheServerLogsAndCountsIt) {
+  CurveCluster c;
+  Endpoint server(c.server_options());
+  server.loop.start();
+  const std::string ep = server.loop.endpoint(server.id);
+  Endpoint keyless(client_of(ep));
+  keyless.loop.start();
+  auto failed = keyless.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(failed) << "a client without keys is told, not left waiting";
+  EXPECT_EQ(failed->address, ep);
+  // Whichever side reads the other's greeting first names the mismatch; the other sees a broken pipe.
+  EXPECT_NE(failed->reason.find("the server wants CurveZMQ keys this client does not have"),
+            std::string::npos)
+      << failed->reason;
+  EXPECT_EQ(keyless.events.kinds().front(), SocketEvent::kConnected);
+  EXPECT_TRUE(keyless.logs.contains("client: handshake with " + ep + " failed: "));
+  auto seen = server.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(seen);
+  const std::string why = "the client sent no CurveZMQ key / uses another mechanism";
+  EXPECT_NE(seen->reason.find(why), std::string::npos) << seen->reason;
+  EXPECT_EQ(seen->address, ep) << "the endpoint it listens on: libzmq does not name the client";
+  ASSERT_TRUE(wait_until([&] { return server.loop.stats().handshake_failures >= 1; }));
+  EXPECT_TRUE(server.logs.contains("server: a client's handshake failed at " + ep +
+                                   " (libzmq names no client address): "));
+  EXPECT_TRUE(server.logs.contains(why));
+  EXPECT_EQ(server.loop.stats().auth_refused, 0u) << "it never reached the ZAP handler";
+}
+
+TEST(CurveSockets, KeyNotAllowedFailsWithAnAuthenticationReason) {
+  CurveCluster c;
+  Dialled d(c, c.stranger, c.server.public_key);
+  Endpoint& server = d.server;
+  auto failed = d.client->events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->reason, "authentication failed: the server does not allow this client's key (ZAP 400)");
+  auto seen = server.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(seen);
+  EXPECT_EQ(seen->reason, "its key is not allowed on this socket (ZAP 400)");
+  ASSERT_TRUE(wait_until([&] { return server.loop.stats().handshake_failures >= 1; }));
+  EXPECT_GE(server.loop.stats().auth_refused, 1u);
+  EXPECT_TRUE(server.logs.contains("server: refused CurveZMQ client key=" + c.stranger.public_key +
+                                   " address=127.0.0.1: client key not allowed"))
+      << "the ZAP handler's line names the socket, the key and the address";
+}
+
+TEST(CurveSockets, WrongServerKeyFailsOnEveryTryAndTheClientIsTold) {
+  CurveCluster c;
+  Dialled d(c, c.allowed, generate_keypair().public_key);
+  Endpoint& server = d.server;
+  auto failed = d.client->events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(failed);
+  EXPECT_NE(failed->reason.find("the server hung up during the handshake"), std::string::npos)
+      << failed->reason;
+  EXPECT_NE(failed->reason.find("likely cause: the server key is wrong"), std::string::npos)
+      << failed->reason;
+  EXPECT_TRUE(d.client->events.first(SocketEvent::kConnectRetried)) << "libzmq tries again, and fails again";
+  auto seen = server.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(seen);
+  EXPECT_NE(seen->reason.find("it trusts another server key"), std::string::npos) << seen->reason;
+  EXPECT_TRUE(server.logs.contains("it trusts another server key"));
+}
+
+TEST(CurveSockets, KeyedClientOfAPlainServerIsToldSo) {
+  CurveCluster c;
+  Endpoint server(server_on_loopback());
+  server.loop.start();
+  Endpoint keyed(c.client_options(server.loop.endpoint(server.id), c.allowed, c.server.public_key));
+  keyed.loop.start();
+  auto failed = keyed.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(failed);
+  EXPECT_NE(failed->reason.find("the server does not use CurveZMQ"), std::string::npos) << failed->reason;
+  auto seen = server.events.first(SocketEvent::kHandshakeFailed);
+  ASSERT_TRUE(seen);
+  EXPECT_NE(seen->reason.find("the client uses CurveZMQ (or another mechanism) but this socket has no keys"),
+            std::string::npos)
+      << seen->reason;
+}
+
+// One loop, two CurveZMQ sockets, each with its own allowed keys (its own
+// ZAP domain): a key allowed on one is refused on the other.
+TEST(CurveSockets, TwoServerSocketsInOneLoopRefuseEachOthersKeys) {
+  CurveCluster c;
+  const KeyPair other = generate_keypair();
+  Endpoint server(c.server_options());  // allows c.allowed
+  SocketOptions b = server_on_loopback();
+  b.name = "second";
+  b.curve_server = CurveServerKeys{c.server.secret_key, {other.public_key}};
+  const SocketId second = server.loop.add_socket(b);
+  server.loop.start();
+  const std::string ep_first = server.loop.endpoint(server.id), ep_second = server.loop.endpoint(second);
+  Endpoint own_first(c.client_options(ep_first, c.allowed, c.server.public_key));
+  Endpoint own_second(c.client_options(ep_second, other, c.server.public_key));
+  Endpoint cross_second(c.client_options(ep_second, c.allowed, c.server.public_key));
+  Endpoint cross_first(c.client_options(ep_first, other, c.server.public_key));
+  for (Endpoint* e : {&own_first, &own_second, &cross_second, &cross_first}) e->loop.start();
+
+  EXPECT_TRUE(own_first.events.first(SocketEvent::kHandshakeSucceeded));
+  EXPECT_TRUE(own_second.events.first(SocketEvent::kHandshakeSucceeded));
+  for (Endpoint* refused : {&cross_second, &cross_first}) {
+    auto failed = refused->events.first(SocketEvent::kHandshakeFailed);
+    ASSERT_TRUE(failed);
+    EXPECT_NE(failed->reason.find("ZAP 400"), std::string::npos) << failed->reason;
+  }
+  EXPECT_TRUE(server.events.first(SocketEvent::kHandshakeFailed, server.id));
+  EXPECT_TRUE(server.events.first(SocketEvent::kHandshakeFailed, second));
+  EXPECT_TRUE(server.logs.contains("second: refused CurveZMQ client key=" + c.allowed.public_key));
+  EXPECT_TRUE(server.logs.contains("server: refused CurveZMQ client key=" + other.public_key));
+
+  for (Endpoint* e : {&cross_second, &cross_first}) e->loop.send_message(e->id, "", Cancel{9});
+  own_first.loop.send_message(own_first.id, "", Cancel{1});
+  own_second.loop.send_message(own_second.id, "", Cancel{2});
+  std::map<SocketId, uint64_t> got;
+  for (int i = 0; i < 2; ++i) {
+    auto r = server.inbox.pop(test::kPatience);
+    ASSERT_TRUE(r);
+    got[r->socket] = std::get<Cancel>(r->message).tag;
+  }
+  EXPECT_EQ(got, (std::map<SocketId, uint64_t>{{server.id, 1}, {second, 2}}));
+  EXPECT_EQ(server.loop.stats().frames_in, 2u) << "the refused clients got nothing through";
 }
 
 // One loop, a CurveZMQ socket and a plain loopback one: the ZAP handler the

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +56,40 @@ struct LogLines {
   }
 };
 
+// The SocketEvents of a loop, kept for assertions.
+struct EventLog {
+  struct Seen {
+    SocketId socket;
+    SocketEvent event;
+  };
+  std::mutex mutex;
+  std::vector<Seen> seen;
+  SocketLoop::SocketEventHandler sink() {
+    return [this](SocketId s, const SocketEvent& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      seen.push_back({s, e});
+    };
+  }
+  // The first event of `kind` on `socket`, waiting for it up to kPatience.
+  std::optional<SocketEvent> first(SocketEvent::Kind kind, SocketId socket = 0) {
+    std::optional<SocketEvent> found;
+    wait_until([&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const Seen& s : seen)
+        if (s.socket == socket && s.event.kind == kind) found = s.event;
+      return found.has_value();
+    });
+    return found;
+  }
+  std::vector<SocketEvent::Kind> kinds(SocketId socket = 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::vector<SocketEvent::Kind> out;
+    for (const Seen& s : seen)
+      if (s.socket == socket) out.push_back(s.event.kind);
+    return out;
+  }
+};
+
 // A loop with one socket whose decoded messages land in `inbox`.
 struct Endpoint {
   explicit Endpoint(SocketOptions socket, LoopOptions options = {})
@@ -63,6 +98,7 @@ struct Endpoint {
     loop.on_frame(decode_frames(loop, [this](SocketId s, const std::string& peer, Message&& m) {
       inbox.push({s, peer, std::move(m)});
     }));
+    loop.on_socket_event(events.sink());
   }
   // The loop thread pushes into `inbox`: stop it before the members go.
   ~Endpoint() { loop.stop(); }
@@ -74,6 +110,7 @@ struct Endpoint {
     return std::move(r->message);
   }
   LogLines logs;
+  EventLog events;
   SocketLoop loop;
   SocketId id = 0;
   Inbox<Received> inbox;
@@ -96,11 +133,16 @@ inline SocketOptions client_of(const std::string& endpoint) {
   return o;
 }
 
-// A raw DEALER owned by the test thread, for sending what SocketLoop never would.
+// A raw DEALER owned by the test thread, for sending what SocketLoop never
+// would, and for reading slowly: a small `recv_hwm` and `recv_buffer`
+// (SO_RCVBUF, bytes; -1 = the kernel's) make the server's queue fill soon.
 struct RawClient {
-  explicit RawClient(const std::string& endpoint) : socket(ctx, zmq::socket_type::dealer) {
+  explicit RawClient(const std::string& endpoint, int recv_hwm = 1000, int recv_buffer = -1)
+      : socket(ctx, zmq::socket_type::dealer) {
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::rcvtimeo, static_cast<int>(kPatience.count()));
+    socket.set(zmq::sockopt::rcvhwm, recv_hwm);
+    socket.set(zmq::sockopt::rcvbuf, recv_buffer);
     socket.connect(endpoint);
   }
   void send(const std::string& body) { socket.send(zmq::buffer(body), zmq::send_flags::none); }
@@ -109,11 +151,15 @@ struct RawClient {
     for (const auto& p : parts) b.push_back(zmq::buffer(p));
     zmq::send_multipart(socket, b);
   }
-  // The next frame, decoded; throws when none comes.
-  Message receive() {
+  // The next frame as it came; throws when none comes.
+  std::string receive_body() {
     zmq::message_t m;
     if (!socket.recv(m)) throw std::runtime_error("raw client: nothing received");
-    Decoded d = decode(m.to_string());
+    return m.to_string();
+  }
+  // The next frame, decoded; throws when none comes.
+  Message receive() {
+    Decoded d = decode(receive_body());
     if (!d.ok()) throw std::runtime_error("raw client: undecodable reply: " + d.error.message);
     return *d.message;
   }

@@ -307,3 +307,55 @@ TEST(ProtocolErrors, TypeAndTagAreRecoveredForTheReply) {
 
 }  // namespace
 }  // namespace troupe::transport
+
+namespace troupe::transport {
+namespace {
+
+// A submit's fields are bounded while it is read (SubmitLimits): the count or
+// size past a bound is refused, naming the field and keeping the tag, before
+// the elements are read or stored — a million empty stop strings cost a
+// glance at the array's header, not a million strings.
+TEST(ProtocolErrors, SubmitFieldsPastTheirBoundsAreRefusedAsTheyAreRead) {
+  auto refused = [](const Submit& s, const SubmitLimits& limits, const std::string& words) {
+    Decoded d = decode(encode(s), kDefaultMaxFrameBytes, limits);
+    ASSERT_FALSE(d.ok()) << words;
+    EXPECT_EQ(d.error.code, ErrorCode::kBadField) << d.error.message;
+    EXPECT_EQ(d.error.tag, std::optional<uint64_t>(7)) << d.error.message;
+    EXPECT_NE(d.error.message.find(words), std::string::npos) << d.error.message;
+  };
+  Submit base;
+  base.tag = 7;
+  base.prompt = "hello";
+  SubmitLimits limits;  // 16 stops of 1024 bytes, 1024 biases
+  limits.max_prompt_bytes = 100;
+  limits.max_prompt_ids = 64;
+
+  Submit many = base;
+  many.stop.assign(1'000'000, "");
+  refused(many, limits, "submit.stop: at most 16 stop strings, got 1000000");
+  Submit long_stop = base;
+  long_stop.stop = {"ok", std::string(1025, 'x')};
+  refused(long_stop, limits, "submit.stop[1]: a stop string of 1025 bytes; at most 1024");
+  Submit prompt = base;
+  prompt.prompt = std::string(101, 'p');
+  refused(prompt, limits, "submit.prompt: a prompt of 101 bytes; at most 100");
+  Submit ids = base;
+  ids.prompt.reset();
+  ids.prompt_ids = std::vector<int32_t>(65, 1);
+  refused(ids, limits, "submit.prompt_ids: at most 64 prompt ids");
+  Submit bias = base;
+  for (int32_t i = 0; i < 1025; ++i) bias.logit_bias.emplace_back(i, 1.0f);
+  refused(bias, limits, "submit.logit_bias: at most 1024 logit_bias entries, got 1025");
+
+  // At the bounds: read.
+  Submit fits = base;
+  fits.stop.assign(16, std::string(1024, 's'));
+  fits.prompt = std::string(100, 'p');
+  for (int32_t i = 0; i < 1024; ++i) fits.logit_bias.emplace_back(i, 1.0f);
+  Decoded d = decode(encode(fits), kDefaultMaxFrameBytes, limits);
+  ASSERT_TRUE(d.ok()) << d.error.message;
+  EXPECT_EQ(std::get<Submit>(*d.message).stop.size(), 16u);
+}
+
+}  // namespace
+}  // namespace troupe::transport

@@ -109,8 +109,8 @@ inline std::vector<Message> sample_messages() {
   all.push_back(sr);
   Register reg;
   reg.node = "host-1:pid-99";
-  reg.workers.push_back({0, "cpu", 2048, 16, 1024, 50257, 4, 0x0123456789abcdefull});
-  reg.workers.push_back({1, "cuda:0", 100000, 32, 2048, 50257, 0, 7});
+  reg.workers.push_back({0, "cpu", 2048, 16, 1024, 50257, 4, 0x0123456789abcdefull, 0, ""});
+  reg.workers.push_back({1, "cuda:0", 100000, 32, 2048, 50257, 0, 7, 0, ""});
   all.push_back(reg);
   all.push_back(Registered{{{0, 10}, {1, 11}}, 500, 4});
   all.push_back(Refused{"model fingerprint differs"});
@@ -126,6 +126,23 @@ inline std::vector<Message> sample_messages() {
   all.push_back(Shutdown{});
   all.push_back(Error{ErrorCode::kBadField, "submit.top_p: expected a number", 42});
   all.push_back(Error{ErrorCode::kUnexpected, "plan is not taken here", std::nullopt});
+  // Added after the first version: optional keys, a new type, a new code.
+  StatusReply faults = sr;
+  faults.workers_lost = 2;
+  faults.workers_hung = 1;
+  faults.workers_broken = 3;
+  faults.requests_moved = 40;
+  faults.tokens_recomputed = 5000;
+  all.push_back(faults);
+  Register declared = reg;
+  declared.workers[1].kv_bytes = int64_t{100000} * 32 * 73728;
+  declared.workers[1].cost = R"({"knots":[1]})";
+  all.push_back(declared);
+  all.push_back(Plan{1, sample_plan(), 41});
+  all.push_back(Heartbeat{{{0, 42, 41, 41, 0}, {1, 7, 5, 6, 12500}}, {}});
+  all.push_back(Heartbeat{{}, {{0, 41}, {3, 1}}});
+  all.push_back(Reset{"step 7 ran 12 s, past its deadline of 5 s"});
+  all.push_back(Error{ErrorCode::kTooSlow, "you read too slowly", std::nullopt});
   return all;
 }
 

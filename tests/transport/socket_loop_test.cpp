@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 
 #include "loop_harness.hpp"
 #include "sample_messages.hpp"
@@ -205,6 +206,216 @@ TEST(SocketLoop, ClientReconnectsToARestartedServer) {
     m = second.next();
   } while (std::get<Cancel>(m).tag != 3);
   EXPECT_NE(second.last_peer, first_peer) << "a fresh socket, a fresh identity";
+  EXPECT_TRUE(client->events.first(SocketEvent::kDisconnected)) << "the first server went";
+  EXPECT_TRUE(client->events.first(SocketEvent::kConnectRetried)) << "ZeroMQ tried again";
+}
+
+TEST(SocketLoop, PlainClientSeesConnectedThenHandshakeSucceeded) {
+  Endpoint server(server_on_loopback());
+  server.loop.start();
+  const std::string ep = server.loop.endpoint(server.id);
+  Endpoint client(client_of(ep));
+  client.loop.start();
+  auto ok = client.events.first(SocketEvent::kHandshakeSucceeded);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->address, ep);
+  EXPECT_EQ(ok->reason, "");
+  const auto kinds = client.events.kinds();
+  ASSERT_GE(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0], SocketEvent::kConnected);
+  EXPECT_EQ(kinds[1], SocketEvent::kHandshakeSucceeded);
+  client.loop.send_message(client.id, "", Cancel{1});
+  server.next();
+  EXPECT_TRUE(server.events.kinds().empty()) << "a server reports failed handshakes only";
+  EXPECT_EQ(server.loop.stats().handshake_failures, 0u);
+}
+
+// Frames of a known order: "<n>:" and `pad` bytes.
+constexpr size_t kPad = 64 * 1024;
+constexpr int kSmallBuffer = 16 * 1024;  // the slow reader's SO_RCVBUF: the kernel holds little for it
+std::string numbered(int n, size_t pad = kPad) { return std::to_string(n) + ":" + std::string(pad, 'x'); }
+int number_of(const std::string& body) { return std::stoi(body.substr(0, body.find(':'))); }
+
+// Sends numbered frames to `peer`, each once the loop has taken the one
+// before, until `done` holds (or 2000 frames, far more than any kernel
+// buffer holds); returns how many it sent.
+int send_until(SocketLoop& loop, SocketId socket, const std::string& peer,
+               const std::function<bool(const LoopStats&)>& done) {
+  int sent = 0;
+  while (!done(loop.stats()) && sent < 2000) {
+    EXPECT_TRUE(loop.send(socket, peer, numbered(sent++)));
+    wait_until([&] {
+      const LoopStats s = loop.stats();
+      return s.frames_out + s.backlogged_frames + s.cut_frames >= uint64_t(sent);
+    });
+  }
+  return sent;
+}
+
+// A server whose slow reader (it reads nothing until told) has said hello.
+struct SlowReader {
+  explicit SlowReader(LoopOptions options = {}) : server(small_queue(), options) {
+    server.loop.on_undeliverable([this](SocketId, const std::string&) { ++lost; });
+    server.loop.on_lagging([this](SocketId, const std::string& p) {
+      std::lock_guard<std::mutex> lock(mutex);
+      lagging.push_back(p);
+    });
+    server.loop.start();
+    client = std::make_unique<RawClient>(server.loop.endpoint(server.id), 1, kSmallBuffer);
+    client->send(encode(Cancel{1}));
+    server.next();
+    peer = server.last_peer;
+  }
+  static SocketOptions small_queue() {
+    SocketOptions o = server_on_loopback();
+    o.send_hwm = 4;
+    return o;
+  }
+  LoopStats stats() { return server.loop.stats(); }
+  std::vector<std::string> lagging_peers() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return lagging;
+  }
+  Endpoint server;
+  std::unique_ptr<RawClient> client;
+  std::string peer;
+  std::atomic<int> lost{0};
+  std::mutex mutex;
+  std::vector<std::string> lagging;
+};
+
+// What the slow reader's queue cannot take waits in its backlog, in order,
+// and leaves as it reads: nothing is lost.
+TEST(SocketLoop, SlowReaderGetsEveryFrameInOrderThroughItsBacklog) {
+  SlowReader r;
+  int sent = send_until(r.server.loop, r.server.id, r.peer,
+                        [](const LoopStats& s) { return s.backlogged_frames > 0; });
+  ASSERT_GT(r.stats().backlogged_frames, 0u) << "the peer's queue never filled";
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(r.server.loop.send(r.server.id, r.peer, numbered(sent++)));
+  for (int i = 0; i < sent; ++i) ASSERT_EQ(number_of(r.client->receive_body()), i);
+  EXPECT_TRUE(wait_until([&] { return r.stats().frames_out == uint64_t(sent); }));
+  EXPECT_EQ(r.stats().backlogged_frames, 0u);
+  EXPECT_EQ(r.stats().undeliverable, 0u);
+  EXPECT_EQ(r.lost, 0);
+  EXPECT_EQ(r.stats().peers_cut, 0u);
+}
+
+// Past its bound a peer is cut: told once (on_lagging), sent what waited and
+// the farewell, nothing else; once that is read it is an ordinary peer again.
+TEST(SocketLoop, PeerPastItsBacklogBoundIsCutGetsAFarewellThenStartsOver) {
+  LoopOptions o;
+  o.max_peer_backlog_frames = 20;
+  o.lagging_farewell = [](SocketId, const std::string&) {
+    return encode(Error{ErrorCode::kUnexpected, "too slow", std::nullopt});
+  };
+  SlowReader r(o);
+  const int sent =
+      send_until(r.server.loop, r.server.id, r.peer, [](const LoopStats& s) { return s.peers_cut > 0; });
+  ASSERT_EQ(r.stats().peers_cut, 1u);
+  EXPECT_LE(r.stats().backlogged_frames, 21u) << "at most the bound, then the farewell";
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(r.server.loop.send(r.server.id, r.peer, numbered(sent + i)));
+  ASSERT_TRUE(wait_until([&] { return r.stats().cut_frames == 11; })) << "the cutting frame and 10 more";
+  for (int i = 0; i < sent - 1; ++i) ASSERT_EQ(number_of(r.client->receive_body()), i);
+  auto farewell = std::get<Error>(r.client->receive());
+  EXPECT_EQ(farewell.message, "too slow");
+  ASSERT_TRUE(wait_until([&] { return r.stats().backlogged_frames == 0; }));
+  EXPECT_EQ(r.lagging_peers(), std::vector<std::string>{r.peer}) << "told once";
+  EXPECT_EQ(r.lost, 0);
+  EXPECT_EQ(r.stats().undeliverable, 0u);
+  EXPECT_TRUE(r.server.logs.contains("is too slow"));
+  ASSERT_TRUE(r.server.loop.send(r.server.id, r.peer, numbered(9999, 0)));
+  EXPECT_EQ(number_of(r.client->receive_body()), 9999) << "caught up, served again";
+  EXPECT_TRUE(r.server.logs.contains("has caught up"));
+  EXPECT_EQ(r.stats().cut_frames, 11u);
+}
+
+TEST(SocketLoop, PeerThatVanishesLosesItsBacklogReportedOnce) {
+  SlowReader r;
+  send_until(r.server.loop, r.server.id, r.peer,
+             [](const LoopStats& s) { return s.backlogged_frames >= 30; });
+  const uint64_t waiting = r.stats().backlogged_frames;
+  ASSERT_GE(waiting, 30u);
+  r.client.reset();
+  ASSERT_TRUE(wait_until([&] { return r.stats().backlogged_frames == 0; }));
+  EXPECT_EQ(r.lost, 1) << "one report for the whole backlog";
+  // What waited, less what the kernel took before the peer went.
+  EXPECT_GE(r.stats().undeliverable, 2u);
+  EXPECT_LE(r.stats().undeliverable, waiting);
+  EXPECT_TRUE(r.server.logs.contains(" frames for peer="));
+  EXPECT_TRUE(r.server.logs.contains("dropped: the peer is gone"));
+}
+
+// Blocks `loop`'s thread in its first tick until `release` is set.
+struct StuckLoop {
+  explicit StuckLoop(SocketLoop& loop) {
+    loop.on_tick([this](Clock::time_point) {
+      if (!stuck.exchange(true)) released.wait();
+    });
+  }
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> stuck{false};
+};
+
+TEST(SocketLoop, FullOutboxMakesTheSenderWaitNotDrop) {
+  Endpoint server(server_on_loopback());
+  server.loop.start();
+  LoopOptions o;
+  o.max_outbox = 8;
+  o.outbox_wait = test::kPatience;
+  Endpoint client(client_of(server.loop.endpoint(server.id)), o);
+  StuckLoop stuck(client.loop);
+  client.loop.start();
+  ASSERT_TRUE(wait_until([&] { return stuck.stuck.load(); }));
+  std::atomic<int> taken{0};
+  std::thread sender([&] {
+    for (uint64_t i = 0; i < 20; ++i)
+      if (client.loop.send_message(client.id, "", Cancel{i})) ++taken;
+  });
+  ASSERT_TRUE(wait_until([&] { return client.loop.stats().outbox_waits >= 1; }));
+  EXPECT_EQ(taken, 8) << "the ninth waits for room";
+  stuck.release.set_value();
+  sender.join();
+  EXPECT_EQ(taken, 20);
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(std::get<Cancel>(server.next()).tag, i);
+  EXPECT_EQ(client.loop.stats().undeliverable, 0u);
+}
+
+TEST(SocketLoop, OutboxFullPastTheWaitRefusesWithALogLine) {
+  LoopOptions o;
+  o.max_outbox = 2;
+  o.outbox_wait = std::chrono::milliseconds(1);
+  Endpoint client(client_of("tcp://127.0.0.1:9"), o);
+  StuckLoop stuck(client.loop);
+  client.loop.start();
+  ASSERT_TRUE(wait_until([&] { return stuck.stuck.load(); }));
+  EXPECT_TRUE(client.loop.send(client.id, "", "a"));
+  EXPECT_TRUE(client.loop.send(client.id, "", "b"));
+  EXPECT_FALSE(client.loop.send(client.id, "", "c")) << "the loop takes nothing while stuck";
+  EXPECT_EQ(client.loop.stats().undeliverable, 1u);
+  EXPECT_EQ(client.loop.stats().outbox_waits, 1u);
+  EXPECT_TRUE(client.logs.contains("client: outbox full (2 frames) for 1 ms: frame dropped"));
+  stuck.release.set_value();
+}
+
+// A handler on the loop thread that finds the outbox full is refused at
+// once: waiting there would wait for itself.
+TEST(SocketLoop, LoopThreadNeverWaitsForItsOwnOutbox) {
+  LoopOptions o;
+  o.max_outbox = 1;
+  o.outbox_wait = test::kPatience;
+  Endpoint client(client_of("tcp://127.0.0.1:9"), o);
+  std::atomic<int> taken{-1};
+  client.loop.on_tick([&](Clock::time_point) {
+    if (taken >= 0) return;
+    const bool first = client.loop.send(client.id, "", "a"), second = client.loop.send(client.id, "", "b");
+    taken = int(first) + int(second);
+  });
+  client.loop.start();
+  ASSERT_TRUE(wait_until([&] { return taken >= 0; }));
+  EXPECT_EQ(taken, 1) << "the first fits, the second is refused";
+  EXPECT_EQ(client.loop.stats().outbox_waits, 0u);
+  EXPECT_TRUE(client.logs.contains("client: outbox full (1 frames): frame dropped"));
 }
 
 TEST(SocketLoop, TickRunsOnTheLoopThread) {
