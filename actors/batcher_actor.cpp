@@ -3,15 +3,24 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
+#include <stdexcept>
+
+#include "core/failpoints.hpp"
 
 namespace troupe::actors {
 namespace {
 
+// How often the step deadlines are checked: a hung worker is noticed this
+// long after its deadline at most.
+constexpr auto kWatchdogInterval = std::chrono::milliseconds(250);
+
 struct BatcherState {
   std::unique_ptr<core::Batcher> core;
   std::map<uint64_t, worker_actor> workers;
+  std::set<uint64_t> draining;  // workers told to drain: checked after each event until empty
   router_actor router;
-  caf::actor membership;  // hears of drained workers (may be unset)
+  caf::actor membership;  // hears of the workers the batcher lets go (may be unset)
   bool timer_armed = false;
   std::shared_ptr<core::StepLog> step_log;  // may be unset
   static inline const char* name = "batcher";
@@ -34,12 +43,22 @@ void tell_worker_count(Self self) {
   }
 }
 
-// Plans whatever can run now, sends it, forwards the events, retires drained
-// workers and arms the deadline timer.
-void pump(Self self) {
+// The worker is no longer the batcher's (the core has let it go already):
+// forget its handle and tell membership why, so that its owner stops,
+// restarts or resets it.
+void let_go(Self self, uint64_t id, core::WorkerExit why, const std::string& detail) {
   auto& st = self->state;
-  const int64_t now = now_ns(self);
-  for (core::Dispatch& d : st.core->schedule(now)) {
+  st.workers.erase(id);
+  st.draining.erase(id);
+  if (st.step_log) st.step_log->forget(id);
+  if (st.membership) caf::anon_send(st.membership, wleft_atom::value, id, static_cast<int32_t>(why), detail);
+}
+
+// Sends the plans, forwards the events, retires drained workers and arms the
+// deadline timer of requests that wait for a worker.
+void dispatch(Self self, std::vector<core::Dispatch>& plans, int64_t now) {
+  auto& st = self->state;
+  for (core::Dispatch& d : plans) {
     auto it = st.workers.find(d.worker);
     if (it == st.workers.end()) continue;
     if (st.step_log) st.step_log->planned(d.worker, d.plan);
@@ -47,30 +66,75 @@ void pump(Self self) {
   }
   tell_router(self, st.core->take_events());
   std::vector<uint64_t> done;
-  for (const auto& ws : st.core->worker_stats()) {
-    if (ws.state == core::WorkerState::kDraining && st.core->drained(ws.id)) done.push_back(ws.id);
-  }
+  for (uint64_t id : st.draining)
+    if (st.core->drained(id)) done.push_back(id);
   for (uint64_t id : done) {
-    st.core->remove_worker(id, now);
-    st.workers.erase(id);
-    if (st.membership) caf::anon_send(st.membership, drained_atom::value, id);
+    st.core->remove_worker(id, now, core::WorkerExit::kDrained);
+    let_go(self, id, core::WorkerExit::kDrained, "drained");
   }
   if (!done.empty()) tell_worker_count(self);
-  if (auto deadline = st.core->next_deadline(); deadline && !st.timer_armed) {
-    st.timer_armed = true;
-    self->delayed_send(self, std::chrono::nanoseconds(std::max<int64_t>(0, *deadline - now) + 1),
-                       tick_atom::value);
+  if (!st.timer_armed) {
+    if (auto deadline = st.core->next_deadline()) {
+      st.timer_armed = true;
+      self->delayed_send(self, std::chrono::nanoseconds(std::max<int64_t>(0, *deadline - now) + 1),
+                         tick_atom::value);
+    }
   }
+}
+
+// After an event that touched one worker (a result, a request placed on it,
+// a request ended there): plans only what can have changed — that worker,
+// and any that takes a request waiting for one (core::Batcher::schedule(now,
+// worker)). The head's cost per event does not grow with the workers.
+void pump(Self self, uint64_t worker) {
+  const int64_t now = now_ns(self);
+  auto plans = self->state.core->schedule(now, worker);
+  dispatch(self, plans, now);
+}
+
+// After an event that can touch every worker (one lost, one draining, a
+// deadline): plans for all.
+void pump_all(Self self) {
+  const int64_t now = now_ns(self);
+  auto plans = self->state.core->schedule(now);
+  dispatch(self, plans, now);
 }
 
 void lose(Self self, uint64_t id) {
   auto& st = self->state;
   if (!st.workers.count(id)) return;
-  st.core->remove_worker(id, now_ns(self));
+  st.core->remove_worker(id, now_ns(self), core::WorkerExit::kLost);
   st.workers.erase(id);
+  st.draining.erase(id);
   if (st.step_log) st.step_log->forget(id);
   tell_worker_count(self);
-  pump(self);
+  pump_all(self);
+}
+
+// The watchdog: workers past a step deadline are fenced, their requests
+// move (core::Batcher::take_hung), and membership hears of it.
+void watch(Self self) {
+  auto& st = self->state;
+  const auto hung = st.core->take_hung(now_ns(self));
+  for (const core::HungWorker& h : hung) {
+    const auto ms = [](int64_t ns) { return std::to_string(ns / 1'000'000) + " ms"; };
+    let_go(self, h.worker, core::WorkerExit::kHung,
+           "step " + std::to_string(h.step_id) + " ran " + ms(h.running_ns) + ", past its deadline of " +
+               ms(h.deadline_ns));
+  }
+  if (!hung.empty()) {
+    tell_worker_count(self);
+    pump_all(self);
+  }
+  self->delayed_send(self, kWatchdogInterval, watch_atom::value);
+}
+
+// The failpoint `batcher.run`, at each job the batcher is given: sleep/hang
+// stall it (the head's /health turns 503), error makes it throw (it dies;
+// the head exits non-zero).
+void failpoint() {
+  const fail::Outcome f = TROUPE_FAILPOINT("batcher.run");
+  if (f.action == fail::Action::kError) throw std::runtime_error(f.error);
 }
 
 batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
@@ -85,6 +149,7 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
       }
     }
   });
+  if (options.step_timeout_floor_ns > 0) self->delayed_send(self, kWatchdogInterval, watch_atom::value);
   return {
       [=](listen_atom, router_actor router, caf::actor membership) {
         self->state.router = std::move(router);
@@ -92,8 +157,10 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
         tell_worker_count(self);
       },
       [=](run_atom, core::Request& r) {
+        failpoint();
+        auto& st = self->state;
         const uint64_t id = r.id;
-        if (auto err = self->state.core->submit(std::move(r), now_ns(self))) {
+        if (auto err = st.core->submit(std::move(r), now_ns(self))) {
           core::RequestEvent ev;
           ev.request_id = id;
           ev.kind = core::EventKind::kFinished;
@@ -101,26 +168,24 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
           ev.error = *err;
           tell_router(self, {std::move(ev)});
         }
-        pump(self);
+        pump(self, st.core->worker_of(id));
       },
       [=](end_atom, uint64_t id, int32_t reason) {
-        self->state.core->finish(id, static_cast<core::FinishReason>(reason));
-        pump(self);
+        auto& st = self->state;
+        const uint64_t worker = st.core->worker_of(id);
+        st.core->finish(id, static_cast<core::FinishReason>(reason));
+        pump(self, worker);
       },
       [=](result_atom, uint64_t worker, core::StepResult& result) {
         auto& st = self->state;
         if (st.step_log) st.step_log->done(worker, result);
         if (auto broken = st.core->on_result(worker, result, now_ns(self))) {
-          if (st.step_log) st.step_log->forget(worker);
           // The core removed the worker and moved its requests.
-          if (auto it = st.workers.find(worker); it != st.workers.end()) {
-            caf::anon_send_exit(it->second, caf::exit_reason::user_shutdown);
-            st.workers.erase(it);
-          }
-          if (st.membership) caf::anon_send(st.membership, wlost_atom::value, worker, *broken);
+          let_go(self, worker, core::WorkerExit::kBroken, *broken);
           tell_worker_count(self);
+          return pump_all(self);
         }
-        pump(self);
+        pump(self, worker);
       },
       [=](wjoin_atom, core::WorkerSpec& spec, worker_actor handle) -> std::string {
         auto& st = self->state;
@@ -128,22 +193,26 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
         self->monitor(handle);
         st.workers.emplace(spec.id, std::move(handle));
         tell_worker_count(self);
-        pump(self);
+        pump(self, spec.id);
         return {};
       },
       [=](wlost_atom, uint64_t id) { lose(self, id); },
       [=](wdrain_atom, uint64_t id) {
-        self->state.core->drain_worker(id);
-        pump(self);
+        auto& st = self->state;
+        if (!st.core->drain_worker(id)) return;
+        st.draining.insert(id);
+        pump_all(self);
       },
       [=](stats_atom) -> BatcherStatus {
         const auto& c = *self->state.core;
-        return BatcherStatus{c.worker_stats(), c.num_waiting(), c.num_running(), c.num_unplaced()};
+        return BatcherStatus{c.worker_stats(), c.num_waiting(), c.num_running(),
+                             c.num_unplaced(), c.counters(),    true};
       },
       [=](tick_atom) {
         self->state.timer_armed = false;
-        pump(self);
+        pump_all(self);
       },
+      [=](watch_atom) { watch(self); },
   };
 }
 

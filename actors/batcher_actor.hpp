@@ -7,8 +7,13 @@
 //
 //   router ──(run | end)──▶ batcher ──(plan, worker id, StepPlan)──▶ worker
 //   router ◀──(events)──── batcher ◀──(result, worker id, StepResult)── worker
-//   membership ──(wjoin | wlost | wdrain)──▶ batcher ──(drained, worker id)──▶ membership
-//   batcher ──(wlost, worker id, why)──▶ membership: a worker it dropped (a broken result)
+//   membership ──(wjoin | wlost | wdrain)──▶ batcher ──(wleft, worker id, WorkerExit, detail)──▶ membership:
+//   a worker it let go (drained, hung past a step deadline, broken result); the batcher never stops a
+//   worker actor itself, its owner (the gateway) does, restarts it or resets its node
+//
+// After an event that touched one worker only that worker is planned (and any
+// that takes a waiting request); a watchdog checks the step deadlines every
+// 250 ms (core::Batcher::take_hung).
 #include <memory>
 
 #include "actors/messages.hpp"
@@ -26,7 +31,8 @@ using batcher_actor =
                      caf::reacts_to<result_atom, uint64_t, core::StepResult>,
                      caf::replies_to<wjoin_atom, core::WorkerSpec, worker_actor>::with<std::string>,
                      caf::reacts_to<wlost_atom, uint64_t>, caf::reacts_to<wdrain_atom, uint64_t>,
-                     caf::replies_to<stats_atom>::with<BatcherStatus>, caf::reacts_to<tick_atom>>;
+                     caf::replies_to<stats_atom>::with<BatcherStatus>, caf::reacts_to<tick_atom>,
+                     caf::reacts_to<watch_atom>>;
 
 // step_log (optional): every step a worker runs, written as its result
 // comes back (core/step_log.hpp).

@@ -28,16 +28,20 @@ using idle_atom = caf::atom_constant<caf::atom("idle")>;          // -> bool: no
 using abort_atom = caf::atom_constant<caf::atom("abort")>;        // (why) -> jobs ended with an error
 
 // Batcher.
-using run_atom = caf::atom_constant<caf::atom("run")>;          // (Request) router -> batcher
-using end_atom = caf::atom_constant<caf::atom("end")>;          // (id, reason) router -> batcher
-using result_atom = caf::atom_constant<caf::atom("result")>;    // (worker id, StepResult) worker -> batcher
-using wjoin_atom = caf::atom_constant<caf::atom("wjoin")>;      // (WorkerSpec, worker) -> error text
-using wlost_atom = caf::atom_constant<caf::atom("wlost")>;      // (worker id): its process or host is gone
-using wdrain_atom = caf::atom_constant<caf::atom("wdrain")>;    // (worker id): hand back, then leave
-using drained_atom = caf::atom_constant<caf::atom("drained")>;  // (worker id) batcher -> membership
-using stats_atom = caf::atom_constant<caf::atom("stats")>;      // -> BatcherStatus
-using listen_atom = caf::atom_constant<caf::atom("listen")>;    // (router): where events go
-using tick_atom = caf::atom_constant<caf::atom("tick")>;        // internal timer
+using run_atom = caf::atom_constant<caf::atom("run")>;        // (Request) router -> batcher
+using end_atom = caf::atom_constant<caf::atom("end")>;        // (id, reason) router -> batcher
+using result_atom = caf::atom_constant<caf::atom("result")>;  // (worker id, StepResult) worker -> batcher
+using wjoin_atom = caf::atom_constant<caf::atom("wjoin")>;    // (WorkerSpec, worker) -> error text
+using wlost_atom = caf::atom_constant<caf::atom("wlost")>;    // (worker id): its process or host is gone
+using wdrain_atom = caf::atom_constant<caf::atom("wdrain")>;  // (worker id): hand back, then leave
+// (worker id, core::WorkerExit as int32, detail) batcher -> membership: the
+// batcher let the worker go (drained, hung, broken); its owner stops,
+// restarts or resets it.
+using wleft_atom = caf::atom_constant<caf::atom("wleft")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;    // the batcher's step-deadline watchdog timer
+using stats_atom = caf::atom_constant<caf::atom("stats")>;    // -> BatcherStatus
+using listen_atom = caf::atom_constant<caf::atom("listen")>;  // (router): where events go
+using tick_atom = caf::atom_constant<caf::atom("tick")>;      // internal timer
 
 // Worker.
 using plan_atom = caf::atom_constant<caf::atom("plan")>;  // (worker id, StepPlan) batcher -> worker

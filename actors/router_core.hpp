@@ -75,6 +75,8 @@ struct BatcherStatus {
   int32_t waiting = 0;  // requests queued (placed or not), not running
   int32_t running = 0;
   int32_t unplaced = 0;  // waiting for any worker
+  core::BatcherCounters counters;
+  bool answered = false;  // false: the batcher did not answer (the rest is empty)
 };
 
 // What `troupe status` shows.

@@ -20,6 +20,7 @@
 #include "actors/router_core.hpp"
 #include "cli/command.hpp"
 #include "cli/job_json.hpp"
+#include "cluster/json_input.hpp"
 #include "cli/scheduler_flags.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -103,7 +104,7 @@ int run_batch(const BatchFlags& f) {
     Job job;
     job.id = jobs.size() + 1;
     try {
-      json j = json::parse(line);
+      json j = cluster::parse_json_input(line);
       if (j.is_object() && j.contains("id")) job.id = j["id"];
       const transport::Submit submit = parse_job_json(j);
       auto admitted = actors::admit_job(submit, dir.tokenizer, router_options);

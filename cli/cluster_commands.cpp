@@ -1,4 +1,6 @@
 // troupe serve | worker | keygen: the head, a worker node, and CurveZMQ keys.
+#include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -29,10 +31,47 @@ std::vector<std::string> split_list(const std::string& text) {
 struct ServeFlags {
   cluster::HeadOptions head;
   SchedulerFlags sched;
-  std::string devices, placement = "prefix-affinity", secret_key, allowed_keys;
+  std::string devices, placement = "prefix-affinity", secret_key, client_keys, worker_keys, allowed_keys;
   int heartbeat_ms = 1000, drain_timeout_s = 60;
-  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
+  double step_timeout_s = 5, step_timeout_margin = 8, step_timeout_cold_s = 60;
 };
+
+// The CurveZMQ keys of `serve`: one key pair, and for each socket the keys
+// it lets in. A key has one role: one that would be let in on both sockets
+// is refused at start. With a secret key both sockets use CurveZMQ, and a
+// socket without its list lets nobody in (no --curve-worker-keys: no node
+// can join; the head's own workers still serve).
+void set_curve_keys(ServeFlags& f) {
+  cluster::HeadOptions& h = f.head;
+  if (!f.allowed_keys.empty()) {
+    if (!f.client_keys.empty())
+      throw std::invalid_argument("--curve-allowed-keys is the old name of --curve-client-keys: give one");
+    std::fprintf(
+        stderr,
+        "troupe serve: warning: --curve-allowed-keys is deprecated; it names the clients' keys "
+        "(--curve-client-keys) and lets no worker node join: give theirs with --curve-worker-keys\n");
+    f.client_keys = f.allowed_keys;
+  }
+  const bool any_list = !f.client_keys.empty() || !f.worker_keys.empty();
+  if (f.secret_key.empty() != !any_list) {
+    throw std::invalid_argument(
+        "CurveZMQ needs --curve-secret-key and the keys let in: --curve-client-keys (clients) and/or "
+        "--curve-worker-keys (worker nodes)");
+  }
+  if (f.secret_key.empty()) return;
+  const std::string secret = transport::read_secret_key_file(f.secret_key).secret_key;
+  std::vector<std::string> clients, workers;
+  if (!f.client_keys.empty()) clients = transport::read_public_keys(f.client_keys);
+  if (!f.worker_keys.empty()) workers = transport::read_public_keys(f.worker_keys);
+  for (const std::string& k : clients) {
+    if (std::find(workers.begin(), workers.end(), k) != workers.end())
+      throw std::invalid_argument("the key " + k +
+                                  " is both a client's and a worker's: a key has one role (make one per node "
+                                  "and per client with troupe keygen)");
+  }
+  h.client_keys = transport::CurveServerKeys{secret, clients};
+  h.worker_keys = transport::CurveServerKeys{secret, workers};
+}
 
 int run_serve(ServeFlags f) {
   cluster::HeadOptions& h = f.head;
@@ -47,16 +86,12 @@ int run_serve(ServeFlags f) {
   h.batcher.placement = core::parse_placement(f.placement);
   h.heartbeat = std::chrono::milliseconds(f.heartbeat_ms);
   h.drain_timeout = std::chrono::seconds(f.drain_timeout_s);
-  h.max_frame_bytes = f.max_frame_bytes;
-  if (f.secret_key.empty() != f.allowed_keys.empty()) {
-    throw std::invalid_argument("CurveZMQ needs both --curve-secret-key and --curve-allowed-keys");
-  }
-  if (!f.secret_key.empty()) {
-    h.curve = transport::CurveServerKeys{transport::read_secret_key_file(f.secret_key).secret_key,
-                                         transport::read_public_keys(f.allowed_keys)};
-  }
-  transport::check_bind_security(h.listen, h.curve.has_value(), h.insecure);
-  transport::check_bind_security(h.worker_listen, h.curve.has_value(), h.insecure);
+  h.batcher.step_timeout_floor_ns = static_cast<int64_t>(f.step_timeout_s * 1e9);
+  h.batcher.step_timeout_margin = f.step_timeout_margin;
+  h.batcher.step_timeout_cold_ns = static_cast<int64_t>(f.step_timeout_cold_s * 1e9);
+  set_curve_keys(f);
+  transport::check_bind_security(h.listen, h.client_keys.has_value(), h.insecure);
+  transport::check_bind_security(h.worker_listen, h.worker_keys.has_value(), h.insecure);
   if (!h.http.api_key.empty() && h.http.listen.empty()) {
     throw std::invalid_argument("--api-key protects the HTTP front: give --http HOST:PORT too");
   }
@@ -69,13 +104,14 @@ int run_serve(ServeFlags f) {
 struct WorkerFlags {
   cluster::NodeOptions node;
   std::string devices, secret_key, server_key;
-  int drain_timeout_s = 120;
+  int drain_timeout_s = 120, join_timeout_s = 30;
 };
 
 int run_worker(WorkerFlags f) {
   cluster::NodeOptions& n = f.node;
   if (!f.devices.empty()) n.devices = split_list(f.devices);
   n.drain_timeout = std::chrono::seconds(f.drain_timeout_s);
+  n.join_timeout = std::chrono::seconds(f.join_timeout_s);
   if (f.secret_key.empty() != f.server_key.empty()) {
     throw std::invalid_argument(
         "CurveZMQ needs both --curve-secret-key (this node's keys) and --curve-server-key");
@@ -91,10 +127,14 @@ int run_worker(WorkerFlags f) {
 void add_curve_server_flags(CLI::App* sub, ServeFlags& f) {
   sub->add_option("--curve-secret-key", f.secret_key,
                   "CurveZMQ: this server's secret key file (troupe keygen)");
-  sub->add_option(
-      "--curve-allowed-keys", f.allowed_keys,
-      "CurveZMQ: public keys of the clients and worker nodes let in (a .pub file, a file of keys, "
-      "or a folder of .pub files)");
+  sub->add_option("--curve-client-keys", f.client_keys,
+                  "CurveZMQ: public keys of the clients let in on --listen (a .pub file, a file of keys, or "
+                  "a folder of .pub files); refused on --worker-listen");
+  sub->add_option("--curve-worker-keys", f.worker_keys,
+                  "CurveZMQ: public keys of the worker nodes let in on --worker-listen; refused on --listen "
+                  "(none given: no node can join)");
+  sub->add_option("--curve-allowed-keys", f.allowed_keys,
+                  "Deprecated: the old name of --curve-client-keys (clients only, never workers)");
   sub->add_flag("--insecure", f.head.insecure,
                 "Allow binding a non-loopback address without CurveZMQ keys (or, for --http, an --api-key)");
 }
@@ -123,7 +163,33 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--step-log", h.step_log,
                     "Write every step the workers run to this file, one JSON line each (for troupe profile "
                     "--calibrate-with)");
-    sub->add_option("--max-frame-bytes", f->max_frame_bytes, "Largest frame accepted");
+    sub->add_option("--max-frame-bytes", h.max_frame_bytes, "Largest frame accepted on --worker-listen")
+        ->check(positive_number());
+    sub->add_option("--max-client-frame-bytes", h.max_client_frame_bytes,
+                    "Largest frame accepted on --listen (a submit is read only when it fits)")
+        ->check(positive_number());
+    sub->add_option("--max-client-backlog", h.max_client_backlog_frames,
+                    "Frames queued for a client that reads too slowly, past what ZeroMQ holds; past it the "
+                    "client gets a too_slow error and its jobs end")
+        ->check(positive_number());
+    sub->add_option("--max-nodes", h.max_nodes, "Worker nodes at once; another is refused")
+        ->check(CLI::Range(1, 100000));
+    sub->add_option("--step-timeout", f->step_timeout_s,
+                    "Seconds a step may run at least before its worker is hung (its jobs move elsewhere, the "
+                    "worker is restarted or its node reset); 0 = no step deadlines")
+        ->check(CLI::Range(0.0, 86400.0));
+    sub->add_option("--step-timeout-margin", f->step_timeout_margin,
+                    "A step may run this many times its predicted cost (if more than --step-timeout)")
+        ->check(CLI::Range(1.0, 1000.0));
+    sub->add_option("--step-timeout-cold", f->step_timeout_cold_s,
+                    "Seconds a step may run whose cost its worker's model cannot predict yet (a new worker, "
+                    "a step larger than any it ran)")
+        ->check(CLI::Range(0.0, 86400.0));
+    sub->add_option(
+           "--cost-profile", h.cost_profile,
+           "The local workers' step-cost model (troupe profile's cost.json), for the step deadlines; "
+           "default: fitted to the steps they serve")
+        ->check(CLI::ExistingFile);
     sub->add_option("--heartbeat-ms", f->heartbeat_ms, "Heartbeat interval with worker nodes")
         ->check(CLI::Range(50, 60000));
     sub->add_option("--liveness", h.liveness, "Missed heartbeats before a worker node is lost")
@@ -140,6 +206,10 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
                     "HTTP: require 'Authorization: Bearer KEY' on /v1/* (also allows a non-loopback --http)");
     sub->add_option("--served-model-name", h.http.model_name,
                     "HTTP: the model's name in requests and responses (default: the model folder's name)");
+    sub->add_option("--http-request-timeout", h.http.request_timeout_s,
+                    "HTTP: a non-streamed completion not done after this many seconds gets 504 and its jobs "
+                    "are cancelled (0 = no limit)")
+        ->check(non_negative_number());
     sub->add_option("--http-threads", h.http.threads,
                     "HTTP: connections served at once; more wait to be accepted")
         ->check(CLI::Range(4, 4096));
@@ -174,6 +244,14 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--drain-timeout", f->drain_timeout_s,
                     "At SIGTERM: leave after this many seconds at most")
         ->check(non_negative_number());
+    sub->add_option("--join-timeout", f->join_timeout_s,
+                    "At start: exit 1 if no head answers within this many seconds (0 = try for ever); once "
+                    "joined, a lost head is looked for again for ever")
+        ->check(non_negative_number());
+    sub->add_option("--cost-profile", n.cost_profile,
+                    "This node's step-cost model (troupe profile's cost.json), sent to the head for its step "
+                    "deadlines; default: the head fits one to the steps the workers serve")
+        ->check(CLI::ExistingFile);
     sub->add_option("--curve-secret-key", f->secret_key,
                     "CurveZMQ: this node's secret key file (troupe keygen)");
     sub->add_option("--curve-server-key", f->server_key,

@@ -16,6 +16,7 @@
 
 #include "cli/command.hpp"
 #include "cli/job_json.hpp"
+#include "cluster/json_input.hpp"
 #include "cluster/client.hpp"
 #include "core/request.hpp"
 #include "transport/curve_keys.hpp"
@@ -126,6 +127,13 @@ struct Outcome {
   }
 };
 
+// An error without a tag is about the connection (the head cut this client
+// off, a failed handshake): it ends every open job.
+const transport::Error* connection_error(const transport::Message& m) {
+  const auto* e = std::get_if<transport::Error>(&m);
+  return e && !e->tag ? e : nullptr;
+}
+
 std::optional<uint64_t> tag_of(const transport::Message& m) {
   return std::visit(
       [](const auto& x) -> std::optional<uint64_t> {
@@ -168,6 +176,10 @@ int submit_one(const SubmitFlags& f) {
       if (!m)
         throw std::runtime_error("no answer from the head at " + f.client.to + " for " +
                                  seconds_text(f.client.timeout_s) + " s (is `troupe serve` running?)");
+      if (connection_error(*m)) {
+        out.apply(*m);
+        break;
+      }
       if (tag_of(*m) != std::optional<uint64_t>(1)) continue;
       if (auto* r = std::get_if<transport::Rejected>(&*m);
           r && r->code == transport::RejectCode::kBusy && out.busy_retries < 100) {
@@ -226,7 +238,7 @@ int submit_file(const SubmitFlags& f) {
     o.id = static_cast<int64_t>(jobs.size() + 1);
     std::optional<transport::Submit> s;
     try {
-      json j = json::parse(line);
+      json j = cluster::parse_json_input(line);
       if (j.is_object() && j.contains("id")) o.id = j["id"];
       s = parse_job_json(j);
       s->tag = jobs.size() + 1;
@@ -285,6 +297,14 @@ int submit_file(const SubmitFlags& f) {
     } else {
       last_heard = Clock::now();
       const auto tag = tag_of(*m);
+      if (auto* e = connection_error(*m)) {
+        const std::string why = std::string(transport::to_string(e->code)) + ": " + e->message;
+        std::fprintf(stderr, "%stroupe submit: %s\n", tty ? "\n" : "", why.c_str());
+        for (Outcome& o : jobs)
+          if (!o.finished && !o.error) o.error = why;
+        done = jobs.size();
+        break;
+      }
       if (tag && *tag >= 1 && *tag <= jobs.size()) {
         Outcome& o = jobs[*tag - 1];
         if (auto* r = std::get_if<transport::Rejected>(&*m);
@@ -329,6 +349,7 @@ int submit_file(const SubmitFlags& f) {
 int run_status(const ClientFlags& f, bool json_out) {
   cluster::Client client(client_options(f));
   auto st = client.status(timeout_of(f));
+  if (!st && !client.failure().empty()) throw std::runtime_error(client.failure());
   if (!st) throw std::runtime_error("no status from the head at " + f.to + " (is `troupe serve` running?)");
   if (json_out) {
     json workers = json::array();
@@ -353,6 +374,11 @@ int run_status(const ClientFlags& f, bool json_out) {
                                   {"requests_served", st->requests_served},
                                   {"requests_running", st->requests_running},
                                   {"requests_rejected", st->requests_rejected},
+                                  {"workers_lost", st->workers_lost},
+                                  {"workers_hung", st->workers_hung},
+                                  {"workers_broken", st->workers_broken},
+                                  {"requests_moved", st->requests_moved},
+                                  {"tokens_recomputed", st->tokens_recomputed},
                                   {"uptime_s", st->uptime_s}})
                             .c_str());
     return 0;
@@ -371,6 +397,11 @@ int run_status(const ClientFlags& f, bool json_out) {
       static_cast<unsigned long long>(st->requests_served),
       static_cast<unsigned long long>(st->requests_running),
       static_cast<unsigned long long>(st->requests_rejected), st->uptime_s);
+  std::printf("faults: workers %llu lost, %llu hung, %llu broken | %llu requests moved, %llu tokens recomputed\n",
+              static_cast<unsigned long long>(st->workers_lost), static_cast<unsigned long long>(st->workers_hung),
+              static_cast<unsigned long long>(st->workers_broken),
+              static_cast<unsigned long long>(st->requests_moved),
+              static_cast<unsigned long long>(st->tokens_recomputed));
   return 0;
 }
 

@@ -24,6 +24,16 @@ Client::Client(const ClientOptions& o) : loop_(loop_options(o)) {
   loop_.on_frame(
       transport::decode_frames(loop_, [this](transport::SocketId, const std::string&,
                                              transport::Message&& m) { inbox_.push(std::move(m)); }));
+  // A handshake that fails (keys the head does not take, a server key that is
+  // not the head's, keys on one side only) comes to the caller as an untagged
+  // error at once, instead of a silence that lasts until its timeout.
+  const std::string endpoint = o.endpoint;
+  loop_.on_socket_event([this, endpoint](transport::SocketId, const transport::SocketEvent& e) {
+    if (e.kind != transport::SocketEvent::kHandshakeFailed) return;
+    inbox_.push(transport::Error{
+        transport::ErrorCode::kUnexpected,
+        "the CurveZMQ handshake with the head at " + endpoint + " failed: " + e.reason, std::nullopt});
+  });
   loop_.start();
 }
 
@@ -47,6 +57,10 @@ std::optional<transport::StatusReply> Client::status(std::chrono::milliseconds t
     auto m = next(left);
     if (!m) return std::nullopt;
     if (auto* s = std::get_if<transport::StatusReply>(&*m)) return *s;
+    if (auto* e = std::get_if<transport::Error>(&*m); e && !e->tag) {
+      failure_ = e->message;
+      return std::nullopt;
+    }
   }
 }
 

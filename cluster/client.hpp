@@ -2,7 +2,10 @@
 // A client of a head's front socket for code without actors (`troupe submit`,
 // `troupe status`, `troupe bench --to`, tests): messages out with send(),
 // messages in, in order, with next(). One SocketLoop thread underneath; any
-// number of jobs may be in flight (tell them apart by tag).
+// number of jobs may be in flight (tell them apart by tag). An error without
+// a tag is about the connection, so about every job: the head cut this
+// client off (`too_slow`), or the CurveZMQ handshake failed (then it comes
+// within moments of connecting).
 #include <chrono>
 #include <optional>
 #include <string>
@@ -32,13 +35,17 @@ class Client {
   // The next message from the head, or nullopt after `timeout` of silence.
   std::optional<transport::Message> next(std::chrono::milliseconds timeout);
 
-  // A status request and its reply (nullopt when none came in time).
+  // A status request and its reply (nullopt when none came in time, or an
+  // error about the connection came: failure() says which).
   std::optional<transport::StatusReply> status(std::chrono::milliseconds timeout);
+  // The last error about the connection itself that status() met ("" = none).
+  const std::string& failure() const { return failure_; }
 
  private:
   transport::SocketLoop loop_;
   transport::SocketId socket_ = 0;
   transport::Inbox<transport::Message> inbox_;
+  std::string failure_;
 };
 
 }  // namespace troupe::cluster

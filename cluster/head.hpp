@@ -35,11 +35,21 @@ struct HeadOptions {
                                      // the model's facts and the pool size are filled in
   std::string kv_memory = "2GiB";    // KV pool of each local worker
   int32_t num_blocks = 0;            // overrides kv_memory; 0 = from kv_memory
-  core::BatcherOptions batcher;
+  core::BatcherOptions batcher;  // placement, and the step deadlines (--step-timeout)
   int32_t max_queue = 1024;  // jobs waiting to start, at most; past it: busy
   uint64_t seed = 0;         // base of the seeds the router draws
-  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
-  std::optional<transport::CurveServerKeys> curve;  // both sockets; nullopt = plaintext
+  size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;               // the worker socket's frames
+  size_t max_client_frame_bytes = transport::kDefaultMaxClientFrameBytes;  // the client socket's frames
+  // CurveZMQ, one key pair for both sockets and a list of allowed keys for
+  // each: a key allowed on one socket is refused on the other (clients
+  // cannot join as workers). nullopt = plaintext.
+  std::optional<transport::CurveServerKeys> client_keys;  // the client socket (--curve-client-keys)
+  std::optional<transport::CurveServerKeys> worker_keys;  // the worker socket (--curve-worker-keys)
+  uint32_t max_nodes = 64;   // worker nodes at once; another is refused
+  // Frames queued for one client past what ZeroMQ holds (it reads too
+  // slowly); past it the client is cut with a `too_slow` error and its jobs end.
+  size_t max_client_backlog_frames = 10000;
+  std::string cost_profile;  // the local workers' step-cost model (troupe profile's cost.json); "" = fitted
   bool insecure = false;                            // allow a non-loopback bind without keys
   std::chrono::milliseconds heartbeat{1000};        // with worker nodes
   int liveness = 3;                                 // missed heartbeats before a node is lost (3..5)

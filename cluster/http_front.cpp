@@ -208,6 +208,8 @@ struct HttpFront::Impl {
   std::mutex workers_mu;
   int32_t known_workers = 0;
   bool known_draining = false;  // the router refuses new jobs (SIGTERM)
+  // "" when the router and the batcher answered the last status; else which did not.
+  std::string known_silent;
   Clock::time_point known_at{};
 
   Impl(const HttpOptions& o, const model::Tokenizer& t, std::shared_ptr<MetricsCollector> m)
@@ -241,10 +243,12 @@ struct HttpFront::Impl {
     }
   };
 
-  std::optional<actors::StatusReport> status() {
+  // The router's status report; nullopt when it does not answer within
+  // `patience` (the router waits up to 5 s for the batcher, then answers without it).
+  std::optional<actors::StatusReport> status(std::chrono::milliseconds patience = std::chrono::seconds(10)) {
     Session s(*this);
     caf::anon_send(router, actors::status_atom::value, s.client);
-    const auto deadline = Clock::now() + std::chrono::seconds(10);  // the router waits 5 s for the batcher
+    const auto deadline = Clock::now() + patience;
     while (Clock::now() < deadline && !stopping) {
       auto m = s.box->pop(std::chrono::milliseconds(200));
       if (m) {
@@ -254,18 +258,29 @@ struct HttpFront::Impl {
     return std::nullopt;
   }
 
-  // Workers the router knows of; asked again when older than a second or 0.
-  int32_t workers() {
+  // Workers the router knows of; asked again when older than a second or 0,
+  // or when the router or the batcher did not answer last time (`fresh`: always).
+  int32_t workers(bool fresh = false) {
     {
       std::lock_guard<std::mutex> lock(workers_mu);
-      if (known_workers > 0 && Clock::now() - known_at < std::chrono::seconds(1)) return known_workers;
+      if (!fresh && known_workers > 0 && known_silent.empty() &&
+          Clock::now() - known_at < std::chrono::seconds(1))
+        return known_workers;
     }
-    auto st = status();
+    auto st = status(std::chrono::seconds(7));
     std::lock_guard<std::mutex> lock(workers_mu);
     known_workers = st ? st->router.workers : 0;
     known_draining = st && st->router.shutting_down;
+    known_silent = !st                     ? "the router is not answering"
+                   : !st->batcher.answered ? "the batcher is not answering"
+                                           : "";
     known_at = Clock::now();
     return known_workers;
+  }
+  // Which of the router and the batcher did not answer, as of the last workers(); "" = both did.
+  std::string silent() {
+    std::lock_guard<std::mutex> lock(workers_mu);
+    return known_silent;
   }
   // Whether the router is draining, as of the last workers().
   bool draining() {
@@ -360,8 +375,16 @@ void HttpFront::Impl::completions(const httplib::Request& req, httplib::Response
   if (!request->stream) {
     for (auto& m : early) apply(m);
     PeerWatch peer(req);
+    const auto give_up = Clock::now() + std::chrono::seconds(options.request_timeout_s);
     while (!builder->done()) {
       if (stopping) return send_error(res, ApiError{503, "the server is stopping", "server_error", "", ""});
+      if (options.request_timeout_s > 0 && Clock::now() > give_up) {  // the session's end cancels its jobs
+        return send_error(
+            res, ApiError{504,
+                          "the completion took longer than " + std::to_string(options.request_timeout_s) +
+                              " s (--http-request-timeout); its jobs were cancelled",
+                          "server_error", "", "timeout"});
+      }
       // A client that hung up: the session's end cancels its jobs (as a stream's does).
       if (peer.gone()) return send_error(res, ApiError{499, "the client closed the connection", "", "", ""});
       if (auto m = session->box->pop(std::chrono::milliseconds(100))) apply(*m);
@@ -421,10 +444,15 @@ void HttpFront::Impl::install_routes() {
                                           {"max_model_len", options.max_model_len}}})}});
   });
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const int32_t n = workers();
-    // Draining (SIGTERM): 503, so that a load balancer sends new work elsewhere.
-    const char* state = draining() ? "draining" : n > 0 ? "ok" : "no workers";
-    send_json(res, std::string(state) == "ok" ? 200 : 503, json{{"status", state}, {"workers", n}});
+    const int32_t n = workers(/*fresh=*/true);
+    // Draining (SIGTERM): 503, so that a load balancer sends new work elsewhere;
+    // and whenever the router or the batcher does not answer: no job can run.
+    const std::string silent = this->silent();
+    const std::string state = !silent.empty() ? silent
+                              : draining()    ? "draining"
+                              : n > 0         ? "ok"
+                                              : "no workers";
+    send_json(res, state == "ok" ? 200 : 503, json{{"status", state}, {"workers", n}});
   });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     auto st = status();

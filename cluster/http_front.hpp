@@ -47,6 +47,8 @@ struct HttpOptions {
   int32_t max_queue = 1024;                  // the router's: a request of more sequences could never start
   size_t max_body_bytes = size_t{16} << 20;  // larger request bodies get 413
   int32_t keep_alive_s = 2;                  // an idle kept-alive connection is closed after this
+  int32_t request_timeout_s =
+      600;  // a non-streamed completion not done after this: 504, its jobs cancelled; 0 = none
 };
 
 // Throws std::invalid_argument (saying which flag to add) when `listen`

@@ -28,27 +28,49 @@ Membership::Membership(const MembershipOptions& options, uint64_t first_worker_i
   (void)check;
 }
 
-std::variant<Membership::Joined, transport::Refused> Membership::on_register(
+std::variant<Membership::Joined, Membership::Refusal> Membership::on_register(
     const std::string& peer, const transport::Register& reg, transport::Clock::time_point now) {
-  auto refuse = [](std::string why) { return transport::Refused{std::move(why)}; };
+  // `why` goes to the node; `detail` (default: the same) only to the head's log.
+  auto refuse = [](std::string why, std::string detail = {}) {
+    if (detail.empty()) detail = why;
+    return Refusal{transport::Refused{std::move(why)}, std::move(detail)};
+  };
   if (reg.workers.empty()) return refuse("a node must bring at least one worker");
   if (reg.workers.size() > options_.max_workers_per_node) {
     return refuse("a node may bring at most " + std::to_string(options_.max_workers_per_node) + " workers");
+  }
+  if (!nodes_.count(peer) && nodes_.size() >= options_.max_nodes) {
+    return refuse("the head takes no more nodes (it has " + std::to_string(nodes_.size()) + ", --max-nodes " +
+                  std::to_string(options_.max_nodes) + ")");
   }
   std::map<uint32_t, bool> seen;
   for (const auto& w : reg.workers) {
     const std::string who = "worker " + std::to_string(w.index) + " of node '" + reg.node + "': ";
     if (!seen.emplace(w.index, true).second) return refuse(who + "index given twice");
-    if (options_.fingerprint != 0 && w.fingerprint != options_.fingerprint) {
-      return refuse(who + "serves another model (fingerprint " + std::to_string(w.fingerprint) +
-                    ", the head's is " + std::to_string(options_.fingerprint) + ")");
-    }
-    if (options_.vocab_size != 0 && w.vocab_size != options_.vocab_size) {
-      return refuse(who + "has a vocabulary of " + std::to_string(w.vocab_size) + ", the head's model " +
-                    std::to_string(options_.vocab_size));
+    const bool same_model = (options_.fingerprint == 0 || w.fingerprint == options_.fingerprint) &&
+                            (options_.vocab_size == 0 || w.vocab_size == options_.vocab_size);
+    if (!same_model) {
+      return refuse(who + "serves another model than the head (load the head's model folder)",
+                    who + "serves another model (fingerprint " + std::to_string(w.fingerprint) +
+                        ", vocabulary " + std::to_string(w.vocab_size) + "; the head's are " +
+                        std::to_string(options_.fingerprint) + ", " + std::to_string(options_.vocab_size) +
+                        ")");
     }
     if (w.num_blocks < 1 || w.block_size < 1 || w.max_model_len < 2) {
       return refuse(who + "reports an unusable KV pool or model length");
+    }
+    if (w.num_blocks > options_.max_worker_blocks) {
+      return refuse(who + "reports " + std::to_string(w.num_blocks) + " KV blocks; the head takes at most " +
+                    std::to_string(options_.max_worker_blocks) + " per worker");
+    }
+    if (options_.kv_bytes_per_token > 0) {
+      const int64_t needs = int64_t{w.num_blocks} * w.block_size * options_.kv_bytes_per_token;
+      if (w.kv_bytes <= 0 || w.kv_bytes > options_.max_worker_kv_bytes || needs > w.kv_bytes) {
+        return refuse(who + "reports " + std::to_string(w.num_blocks) + " KV blocks of " +
+                      std::to_string(w.block_size) + " tokens, which need " + std::to_string(needs) +
+                      " bytes, and declares " + std::to_string(w.kv_bytes) + " bytes of KV memory (at most " +
+                      std::to_string(options_.max_worker_kv_bytes) + " per worker)");
+      }
     }
   }
   Joined joined;
@@ -96,18 +118,31 @@ void Membership::on_sent(const std::string& peer, transport::Clock::time_point n
   if (auto it = nodes_.find(peer); it != nodes_.end()) it->second.liveness.on_sent(now);
 }
 
+std::string Membership::node_name(const std::string& peer) const {
+  auto it = nodes_.find(peer);
+  return it == nodes_.end() ? std::string() : it->second.name;
+}
+
+std::vector<uint64_t> Membership::forget_node(const std::string& peer) {
+  std::vector<uint64_t> ids;
+  auto it = nodes_.find(peer);
+  if (it == nodes_.end()) return ids;
+  for (const auto& [index, id] : it->second.workers) {
+    ids.push_back(id);
+    where_.erase(id);
+  }
+  nodes_.erase(it);
+  return ids;
+}
+
 std::vector<uint64_t> Membership::take_lost(transport::Clock::time_point now) {
+  std::vector<std::string> silent;
+  for (const auto& [peer, node] : nodes_)
+    if (node.liveness.lost(now)) silent.push_back(peer);
   std::vector<uint64_t> lost;
-  for (auto it = nodes_.begin(); it != nodes_.end();) {
-    if (!it->second.liveness.lost(now)) {
-      ++it;
-      continue;
-    }
-    for (const auto& [index, id] : it->second.workers) {
-      lost.push_back(id);
-      where_.erase(id);
-    }
-    it = nodes_.erase(it);
+  for (const std::string& peer : silent) {
+    const auto ids = forget_node(peer);
+    lost.insert(lost.end(), ids.begin(), ids.end());
   }
   return lost;
 }

@@ -31,6 +31,14 @@ struct MembershipOptions {
   uint64_t fingerprint = 0;             // the head's model; a node with another is refused
   int32_t vocab_size = 0;               // the head's model (a cheap second check)
   uint32_t max_workers_per_node = 64;   // more in one register is refused
+  uint32_t max_nodes = 64;              // nodes at once (--max-nodes); another is refused
+  // KV memory of one token slot of the head's model (all layers, K and V),
+  // bytes; 0 = no check. A worker must declare the memory its pool takes
+  // (WorkerInfo::kv_bytes), and num_blocks x block_size x this must fit it:
+  // the head keeps per-block state for every block a node reports.
+  int64_t kv_bytes_per_token = 0;
+  int64_t max_worker_kv_bytes = int64_t{1} << 40;  // declared KV memory of one worker at most (1 TiB)
+  int32_t max_worker_blocks = 1 << 21;             // KV blocks of one worker at most
 };
 
 // A worker a node brought: its cluster id and what it reported.
@@ -60,9 +68,14 @@ class Membership {
     std::vector<uint64_t> replaced;
     bool again = false;
   };
-  std::variant<Joined, transport::Refused> on_register(const std::string& peer,
-                                                       const transport::Register& reg,
-                                                       transport::Clock::time_point now);
+  // A refusal: the reply tells the node what it can fix and nothing about the
+  // head's model (a stranger learns nothing); `detail` is for the head's log.
+  struct Refusal {
+    transport::Refused reply;
+    std::string detail;
+  };
+  std::variant<Joined, Refusal> on_register(const std::string& peer, const transport::Register& reg,
+                                            transport::Clock::time_point now);
   // Anything from `peer` counts as a beat. False for a peer that is not a member.
   bool on_message(const std::string& peer, transport::Clock::time_point now);
   // A frame went to `peer`: its next heartbeat can wait.
@@ -85,6 +98,14 @@ class Membership {
   // The cluster id of a node's worker.
   std::optional<uint64_t> worker_id(const std::string& peer, uint32_t index) const;
   size_t num_nodes() const { return nodes_.size(); }
+  // The peer of a member node, by name of its socket identity; whether it is one.
+  bool is_member(const std::string& peer) const { return nodes_.count(peer) != 0; }
+  // Forgets a node and returns its workers' ids (the head let it go: reset).
+  std::vector<uint64_t> forget_node(const std::string& peer);
+  // The name a member node registered with ("" for an unknown peer).
+  std::string node_name(const std::string& peer) const;
+  // A fresh worker id, never given before (a local worker restarted).
+  uint64_t take_worker_id() { return next_worker_id_++; }
 
  private:
   struct Node {

@@ -137,6 +137,23 @@ std::string MetricsCollector::render(const actors::StatusReport& st) const {
   for (const auto& w : workers) {
     out.sample(P + "num_preemptions_total", per_worker(w), static_cast<double>(w.scheduler.preemptions));
   }
+  const core::BatcherCounters& faults = st.batcher.counters;
+  out.family(
+      P + "workers_left_total", "counter",
+      "Workers the batcher let go other than by a drain, by reason (lost: no heartbeat or exited; hung: "
+      "a step past its deadline; broken: a result that did not fit its plan).");
+  for (const auto& [reason, n] : {std::pair<const char*, int64_t>{"lost", faults.workers_lost},
+                                  {"hung", faults.workers_hung},
+                                  {"broken", faults.workers_broken}}) {
+    Labels l = model;
+    l.emplace_back("reason", reason);
+    out.sample(P + "workers_left_total", l, static_cast<double>(n));
+  }
+  out.family(P + "requests_moved_total", "counter", "Unfinished requests moved off a worker that left.");
+  out.sample(P + "requests_moved_total", model, static_cast<double>(faults.requests_moved));
+  out.family(P + "tokens_recomputed_total", "counter",
+             "Tokens of moved requests whose KV was computed again on another worker.");
+  out.sample(P + "tokens_recomputed_total", model, static_cast<double>(faults.tokens_recomputed));
   out.family(P + "prompt_tokens_total", "counter", "Number of prefill tokens processed (finished requests).");
   out.sample(P + "prompt_tokens_total", model, static_cast<double>(st.router.prompt_tokens));
   out.family(P + "generation_tokens_total", "counter", "Number of generation tokens processed.");

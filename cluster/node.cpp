@@ -6,20 +6,23 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <thread>
 
 #include "actors/worker_actor.hpp"
 #include "cluster/control_plane.hpp"
 #include "cluster/emulated_worker.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/model_worker.hpp"
+#include "cluster/shutdown_guard.hpp"
 #include "cluster/signals.hpp"
 #include "cluster/sim/cost_profile.hpp"
+#include "core/failpoints.hpp"
 #include "model/cpu_count.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
+#include "model/paged_kv_cache.hpp"
 #include "model/threading.hpp"
 #include "transport/dispatch.hpp"
+#include "transport/step_link.hpp"
 
 namespace troupe::cluster {
 namespace {
@@ -30,18 +33,35 @@ using Clock = transport::Clock;
 
 using node_actor = result_sink_actor::extend<caf::reacts_to<frame_atom, std::string, transport::Message>,
                                              caf::reacts_to<actors::tick_atom>,
-                                             caf::reacts_to<actors::wdrain_atom, uint64_t>>;
+                                             caf::reacts_to<actors::wdrain_atom, uint64_t>,
+                                             caf::reacts_to<handshake_atom, std::string>>;
 
 enum class Phase { kRegistering, kMember, kDraining, kDone };
+
+// One worker of this node and its step stream with the head
+// (transport/step_link.hpp): plans run once each in step order, results are
+// kept until the head acknowledges them.
+struct Slot {
+  worker_actor actor;
+  std::shared_ptr<actors::WorkerProgress> progress = std::make_shared<actors::WorkerProgress>();
+  transport::InOrder<core::StepPlan> plans;
+  transport::Unacked results;
+};
 
 struct NodeState {
   transport::SocketLoop* loop = nullptr;
   transport::SocketId socket = 0;
   transport::Register reg;
+  std::string join;                             // the head's endpoint (log lines)
   std::vector<actors::WorkerParams> factories;  // one per worker index
-  std::shared_ptr<std::vector<worker_actor>> workers = std::make_shared<std::vector<worker_actor>>();
+  std::vector<Slot> slots;                      // one per worker index, this generation's
+  // The worker actors, shared with the exit hook that stops them with the node.
+  std::shared_ptr<std::vector<worker_actor>> actors = std::make_shared<std::vector<worker_actor>>();
   uint32_t generation = 0;  // results of an older generation of workers are dropped
   Phase phase = Phase::kRegistering;
+  bool ever_member = false;
+  Clock::time_point started = Clock::now();
+  std::chrono::seconds join_timeout{0};
   std::optional<transport::Liveness> liveness;
   transport::Backoff backoff{transport::BackoffOptions{}};
   Clock::time_point next_register{};
@@ -59,28 +79,46 @@ void finish(Self self, int status) {
   st.exit->set_value(status);
 }
 
-void send(Self self, const transport::Message& m) {
+void send_body(Self self, std::string body) {
   auto& st = self->state;
-  st.loop->send_message(st.socket, {}, m);
+  if (!st.loop->send(st.socket, {}, std::move(body)))
+    st.loop->log("node: a frame for the head was not sent (the socket's queue is full)");
   if (st.liveness) st.liveness->on_sent(Clock::now());
 }
 
-// Fresh workers: the head forgot this node's sequences, so do they.
+void send(Self self, const transport::Message& m) { send_body(self, transport::encode(m)); }
+
+Clock::duration resend_grace(const NodeState& st) {
+  const auto interval = st.liveness ? st.liveness->options().heartbeat_interval : std::chrono::milliseconds(1000);
+  return std::max<Clock::duration>(std::chrono::milliseconds(100), interval / 4);
+}
+
+// Fresh workers and streams: the head forgot this node's sequences, so do they.
 void respawn(Self self) {
   auto& st = self->state;
-  for (auto& w : *st.workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
-  st.workers->clear();
+  for (auto& w : *st.actors) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  st.actors->clear();
+  st.slots.clear();
   ++st.generation;
-  for (auto& params : st.factories) {
-    st.workers->push_back(
-        actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self)));
+  for (auto params : st.factories) {
+    Slot slot;
+    params.progress = slot.progress;
+    slot.actor = actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self));
+    st.actors->push_back(slot.actor);
+    st.slots.push_back(std::move(slot));
   }
 }
 
 void register_now(Self self) {
   auto& st = self->state;
+  const int attempt = st.backoff.attempts() + 1;
+  const auto wait = st.backoff.next();
+  if (attempt > 1) {  // each retry is said, as far apart as the backoff makes them
+    st.loop->log("node: no answer from the head at " + st.join + " yet (attempt " + std::to_string(attempt) +
+                 "); trying again, next in " + std::to_string(wait.count() / 1000) + " s");
+  }
   send(self, st.reg);
-  st.next_register = Clock::now() + st.backoff.next();
+  st.next_register = Clock::now() + wait;
 }
 
 void head_lost(Self self, const std::string& why) {
@@ -90,7 +128,50 @@ void head_lost(Self self, const std::string& why) {
   st.phase = Phase::kRegistering;
   respawn(self);
   st.loop->reconnect(st.socket);
+  st.backoff.reset();
   st.next_register = Clock::now();  // at the next tick
+}
+
+transport::Heartbeat progress_report(Self self) {
+  auto& st = self->state;
+  transport::Heartbeat hb;
+  const int64_t now_ns = Clock::now().time_since_epoch().count();
+  for (size_t i = 0; i < st.slots.size(); ++i) {
+    const Slot& s = st.slots[i];
+    hb.progress.push_back({static_cast<uint32_t>(i), s.plans.delivered(), s.results.last_sent(),
+                           s.progress->steps_done.load(std::memory_order_relaxed),
+                           s.progress->running_ns(now_ns) / 1'000'000});
+  }
+  return hb;
+}
+
+void on_plan(Self self, transport::Plan& plan) {
+  auto& st = self->state;
+  if (plan.worker >= st.slots.size()) {
+    send(self, transport::Error{transport::ErrorCode::kBadField,
+                                "plan for worker index " + std::to_string(plan.worker) + "; this node has " +
+                                    std::to_string(st.slots.size()),
+                                {}});
+    return;
+  }
+  if (TROUPE_FAILPOINT("node.recv_plan").action == fail::Action::kDrop) return;  // lost: the head resends it
+  Slot& slot = st.slots[plan.worker];
+  slot.results.acked(plan.ack);
+  const uint64_t id = (static_cast<uint64_t>(st.generation) << 32) | plan.worker;
+  const uint64_t step = plan.plan.step_id;
+  for (core::StepPlan& p : slot.plans.arrive(step, std::move(plan.plan)))
+    self->send(slot.actor, actors::plan_atom::value, id, std::move(p));
+}
+
+// The head says which results it holds: send again what it lacks.
+void on_acks(Self self, const std::vector<transport::WorkerAck>& acks) {
+  auto& st = self->state;
+  const auto now = Clock::now();
+  for (const transport::WorkerAck& a : acks) {
+    if (a.index >= st.slots.size()) continue;
+    for (std::string& body : st.slots[a.index].results.resend(a.results_received, now, resend_grace(st)))
+      send_body(self, std::move(body));
+  }
 }
 
 void on_frame(Self self, transport::Message& m) {
@@ -100,6 +181,7 @@ void on_frame(Self self, transport::Message& m) {
   if (auto* ok = std::get_if<transport::Registered>(&m)) {
     if (st.phase != Phase::kRegistering) return;
     st.phase = Phase::kMember;
+    st.ever_member = true;
     st.backoff.reset();
     st.liveness.emplace(transport::LivenessOptions{std::chrono::milliseconds(ok->heartbeat_ms), ok->liveness},
                         now);
@@ -110,15 +192,12 @@ void on_frame(Self self, transport::Message& m) {
     st.loop->log("node: the head refused this node: " + no->reason);
     finish(self, 1);
   } else if (auto* plan = std::get_if<transport::Plan>(&m)) {
-    if (plan->worker >= st.workers->size()) {
-      send(self, transport::Error{transport::ErrorCode::kBadField,
-                                  "plan for worker index " + std::to_string(plan->worker) +
-                                      "; this node has " + std::to_string(st.workers->size()),
-                                  {}});
-      return;
-    }
-    const uint64_t id = (static_cast<uint64_t>(st.generation) << 32) | plan->worker;
-    self->send((*st.workers)[plan->worker], actors::plan_atom::value, id, std::move(plan->plan));
+    if (st.phase == Phase::kMember || st.phase == Phase::kDraining) on_plan(self, *plan);
+  } else if (auto* hb = std::get_if<transport::Heartbeat>(&m)) {
+    on_acks(self, hb->acks);
+  } else if (auto* reset = std::get_if<transport::Reset>(&m)) {
+    if (st.phase == Phase::kMember || st.phase == Phase::kDraining)
+      head_lost(self, "the head reset this node (" + reset->reason + ")");
   } else if (std::holds_alternative<transport::Shutdown>(m)) {
     st.loop->log("node: the head says shutdown");
     finish(self, 0);
@@ -131,49 +210,80 @@ void on_frame(Self self, transport::Message& m) {
   }
 }
 
+void on_tick(Self self) {
+  auto& st = self->state;
+  const auto now = Clock::now();
+  if (st.phase == Phase::kRegistering) {
+    if (!st.ever_member && st.join_timeout.count() > 0 && now - st.started >= st.join_timeout) {
+      st.loop->log("node: no head answered at " + st.join + " within " + std::to_string(st.join_timeout.count()) +
+                   " s (--join-timeout); giving up");
+      return finish(self, 1);
+    }
+    if (now >= st.next_register) register_now(self);
+  }
+  if (st.liveness && st.phase != Phase::kRegistering) {
+    if (st.liveness->lost(now)) {
+      if (st.phase == Phase::kDraining) return finish(self, 0);  // nobody to hand back to
+      return head_lost(self,
+                       "no word from the head for " + std::to_string(st.liveness->missed(now)) + " heartbeats");
+    }
+    if (st.liveness->due_heartbeat(now)) {
+      transport::Heartbeat hb = progress_report(self);
+      if (TROUPE_FAILPOINT("node.heartbeat").action == fail::Action::kDrop)
+        st.liveness->on_sent(now);
+      else
+        send(self, hb);
+    }
+  }
+  if (st.phase == Phase::kDraining && now >= st.drain_deadline) {
+    st.loop->log("node: drain timeout; leaving");
+    send(self, transport::Shutdown{});
+    finish(self, 0);
+  }
+}
+
 node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport::SocketId socket,
-                               transport::Register reg, std::vector<actors::WorkerParams> factories,
-                               std::shared_ptr<std::promise<int>> exit, std::chrono::seconds drain_timeout) {
+                               NodeOptions options, transport::Register reg,
+                               std::vector<actors::WorkerParams> factories, std::shared_ptr<std::promise<int>> exit) {
   auto& st = self->state;
   st.loop = loop;
   st.socket = socket;
   st.reg = std::move(reg);
+  st.join = options.join;
+  st.join_timeout = options.join_timeout;
   st.factories = std::move(factories);
   st.exit = std::move(exit);
-  self->attach_functor([workers = st.workers] {  // the workers leave with the node
-    for (auto& w : *workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  self->attach_functor([actors = st.actors] {  // the workers leave with the node
+    for (auto& w : *actors) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   });
   respawn(self);
   register_now(self);
   self->send(self, actors::tick_atom::value);
+  const auto drain_timeout = options.drain_timeout;
   return {
       [=](actors::result_atom, uint64_t id, core::StepResult& result) {
         auto& s = self->state;
         if ((id >> 32) != s.generation || s.phase == Phase::kRegistering)
           return;  // from workers since replaced
-        send(self, transport::Result{static_cast<uint32_t>(id & 0xffffffffu), std::move(result)});
+        const uint32_t index = static_cast<uint32_t>(id & 0xffffffffu);
+        const uint64_t step = result.step_id;
+        std::string body = transport::encode(transport::Result{index, std::move(result)});
+        s.slots[index].results.sent(step, body, Clock::now());
+        if (TROUPE_FAILPOINT("node.send_result").action == fail::Action::kDrop) return;  // resent on the head's acks
+        send_body(self, std::move(body));
       },
       [=](frame_atom, const std::string&, transport::Message& m) { on_frame(self, m); },
-      [=](actors::tick_atom) {
+      [=](handshake_atom, const std::string& reason) {
         auto& s = self->state;
-        const auto now = Clock::now();
-        if (s.phase == Phase::kDone) return;
-        if (s.phase == Phase::kRegistering && now >= s.next_register) register_now(self);
-        if (s.liveness && s.phase != Phase::kRegistering) {
-          if (s.liveness->lost(now)) {
-            if (s.phase == Phase::kDraining) return finish(self, 0);  // nobody to hand back to
-            head_lost(self,
-                      "no word from the head for " + std::to_string(s.liveness->missed(now)) + " heartbeats");
-          } else if (s.liveness->due_heartbeat(now)) {
-            send(self, transport::Heartbeat{});
-          }
-        }
-        if (s.phase == Phase::kDraining && now >= s.drain_deadline) {
-          s.loop->log("node: drain timeout; leaving");
-          send(self, transport::Shutdown{});
-          return finish(self, 0);
-        }
-        self->delayed_send(self, std::chrono::milliseconds(100), actors::tick_atom::value);
+        const std::string what = "the CurveZMQ handshake with the head at " + s.join + " failed: " + reason;
+        if (s.ever_member) return s.loop->log("node: " + what);  // the head's keys changed? it retries
+        s.loop->log("node: " + what + "; giving up");
+        finish(self, 1);
+      },
+      [=](actors::tick_atom) {
+        on_tick(self);
+        if (self->state.phase != Phase::kDone)
+          self->delayed_send(self, std::chrono::milliseconds(100), actors::tick_atom::value);
       },
       [=](actors::wdrain_atom, uint64_t) {
         auto& s = self->state;
@@ -221,17 +331,26 @@ int run_node(const NodeOptions& o) {
                 << cfg.n_embd << " wide) and take the profile's step times\n";
     }
   }
+  // The step-cost model the head's step deadlines use: the emulation's own,
+  // or a profile of this node's workers, or none (the head fits one).
+  std::string cost;
+  if (profile) {
+    sim::CostModel scaled = profile->cost.scaled(o.emulate_time_scale);
+    cost = scaled.to_json().dump();
+  } else if (!o.cost_profile.empty()) {
+    cost = sim::read_cost_profile(o.cost_profile).cost.to_json().dump();
+  }
   for (size_t i = 0; i < devices.size(); ++i) {
     ModelWorkerConfig wc{nullptr, blocks, o.block_size, budgets[i]};
     if (profile) {
       EmulatedWorkerConfig ec{profile->cost, {blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
                               cfg.eos_token_id, o.emulate_time_scale};
-      factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true});
+      factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
     } else {
       auto& m = models[devices[i]];
       if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
       wc.model = m;
-      factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true});
+      factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
     }
     transport::WorkerInfo info;
     info.index = static_cast<uint32_t>(i);
@@ -242,6 +361,8 @@ int run_node(const NodeOptions& o) {
     info.vocab_size = cfg.vocab_size;
     info.threads = profile ? 0 : wc.threads.intra_op_threads;
     info.fingerprint = fingerprint;
+    info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size) * blocks;
+    info.cost = cost;
     reg.workers.push_back(info);
   }
   model::release_weights(dir);
@@ -259,11 +380,15 @@ int run_node(const NodeOptions& o) {
 
   auto exit = std::make_shared<std::promise<int>>();
   std::future<int> exited = exit->get_future();
-  auto gw = sys.spawn(node, &loop, socket, reg, factories, exit, o.drain_timeout);
+  auto gw = sys.spawn(node, &loop, socket, o, reg, factories, exit);
+  ShutdownGuard guard(sys, {caf::actor_cast<caf::actor>(gw)}, "troupe worker", o.quiet);
   loop.on_frame(transport::decode_frames(
       loop, [gw](transport::SocketId, const std::string& peer, transport::Message&& m) {
         caf::anon_send(gw, frame_atom::value, peer, std::move(m));
       }));
+  loop.on_socket_event([gw](transport::SocketId, const transport::SocketEvent& e) {
+    if (e.kind == transport::SocketEvent::kHandshakeFailed) caf::anon_send(gw, handshake_atom::value, e.reason);
+  });
   loop.start();
   if (!o.quiet) {
     std::cerr << "troupe worker: node '" << reg.node << "' with " << devices.size() << " worker(s), "
@@ -284,10 +409,9 @@ int run_node(const NodeOptions& o) {
   }
   // Tell the head we are gone (it moves what we held) unless it told us to go.
   loop.send_message(socket, {}, transport::Shutdown{});
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last frame leave (linger is 0)
+  loop.flush(std::chrono::milliseconds(500));  // the last frame leaves before the socket closes
   loop.stop();
-  caf::anon_send_exit(gw, caf::exit_reason::user_shutdown);
-  sys.await_all_actors_done();
+  guard.stop(status);
   return status;
 }
 

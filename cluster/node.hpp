@@ -7,10 +7,14 @@
 //   head ◀──frames──▶ SocketLoop thread ──(frame)──▶ node gateway ──(plan)──▶ workers (detached, the model)
 //                                        ◀──(result)── node gateway ◀──(result)──┘
 //
-// States: REGISTERING (register again with backoff until answered) → MEMBER
-// (heartbeats; the head silent for `liveness` intervals = lost: fresh
-// workers, new connection, REGISTERING) → DRAINING (SIGTERM: the head moves
-// what it can and lets the rest finish, then says shutdown) → exit.
+// States:
+//
+//   REGISTERING ──registered──▶ MEMBER ──SIGTERM──▶ DRAINING ──shutdown, drain timeout──▶ exit 0
+//     │  ▲  (register again with backoff,       │  heartbeats carry each worker's progress;
+//     │  │   each retry logged)                 │  plans run once, in step order; results kept
+//     │  └── head silent for `liveness` beats, ─┘  until acked, resent when the head lacks them
+//     │      `reset` (a worker hung), "not a member": fresh workers, new connection
+//     └── refused, or no head within join_timeout at start ──▶ exit 1
 #include <chrono>
 #include <optional>
 #include <string>
@@ -33,6 +37,12 @@ struct NodeOptions {
   size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
   std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
   std::chrono::seconds drain_timeout{120};          // SIGTERM: exit after this even without the head's word
+  // At start: no head answered within this long = exit 1 (0 = try for ever).
+  // Once it has been a member, a node that loses its head tries for ever.
+  std::chrono::seconds join_timeout{30};
+  // Its workers' step-cost model (`troupe profile`'s cost.json), sent to the
+  // head for its step deadlines; "" = the head fits one to their steps.
+  std::string cost_profile;
   bool quiet = false;
   // Emulated workers (`--emulate cost.json`): no model runs; each step waits
   // the time the cost profile predicts (times time_scale). "" = real workers.

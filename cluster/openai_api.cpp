@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cluster/json_input.hpp"
 #include "core/splitmix.hpp"
 #include "model/tokenizer.hpp"
 
@@ -271,10 +272,10 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(const std::st
                                                                    const std::string& served_model) {
   json b;
   try {
-    b = json::parse(body);
-  } catch (const json::parse_error& e) {
-    return ApiError{400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error", "",
-                    ""};
+    b = parse_json_input(body);
+  } catch (const JsonInputError& e) {  // not JSON, or a number past a double's range ("temperature": 1e999)
+    return ApiError{400, e.field().empty() ? std::string("the body is ") + e.what() : e.what(),
+                    "invalid_request_error", e.field(), ""};
   }
   try {
     return parse(b, served_model);

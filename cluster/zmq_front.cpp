@@ -23,6 +23,12 @@ transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue)
     ws.idle_s = w.idle_ms / 1e3;
     s.workers.push_back(std::move(ws));
   }
+  const core::BatcherCounters& c = r.batcher.counters;
+  s.workers_lost = static_cast<uint64_t>(c.workers_lost);
+  s.workers_hung = static_cast<uint64_t>(c.workers_hung);
+  s.workers_broken = static_cast<uint64_t>(c.workers_broken);
+  s.requests_moved = static_cast<uint64_t>(c.requests_moved);
+  s.tokens_recomputed = static_cast<uint64_t>(c.tokens_recomputed);
   s.queue_depth = r.router.queued;
   s.max_queue = max_queue;
   s.requests_served = static_cast<uint64_t>(r.router.finished);
@@ -33,20 +39,21 @@ transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue)
 }
 
 actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend,
-                                   int32_t max_queue) {
-  return [&loop, frontend, max_queue](const actors::Reply& reply) {
+                                   int32_t max_queue, std::function<void(const std::string& client)> unsent) {
+  return [&loop, frontend, max_queue, unsent = std::move(unsent)](const actors::Reply& reply) {
     if (reply.client.empty() || reply.client[0] != 'z') return;
     const std::string peer = reply.client.substr(1);
-    std::visit(
+    const bool sent = std::visit(
         [&](const auto& m) {
           using T = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<T, actors::StatusReport>) {
-            loop.send_message(frontend, peer, to_wire(m, max_queue));
+            return loop.send_message(frontend, peer, to_wire(m, max_queue));
           } else {
-            loop.send_message(frontend, peer, m);
+            return loop.send_message(frontend, peer, m);
           }
         },
         reply.message);
+    if (!sent && unsent) unsent(reply.client);
   };
 }
 

@@ -17,8 +17,10 @@ std::string zmq_client_id(const std::string& peer);
 transport::StatusReply to_wire(const actors::StatusReport& report, int32_t max_queue);
 
 // Sends the router's replies for "z..." clients through `loop`'s `frontend`.
+// A reply the loop refuses (its outbox stayed full, SocketLoop::send) is not
+// dropped in silence: `unsent` is told the client, whose jobs then end.
 actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend,
-                                   int32_t max_queue);
+                                   int32_t max_queue, std::function<void(const std::string& client)> unsent);
 
 // On the loop thread: hands a client's message to the router.
 void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend,

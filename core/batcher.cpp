@@ -1,6 +1,7 @@
 #include "core/batcher.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <iterator>
 #include <stdexcept>
 
@@ -13,8 +14,24 @@ struct Batcher::Worker {
   int64_t tokens_generated = 0;
   int64_t steps = 0;
   double busy_ms = 0, idle_ms = 0;
+  std::deque<int64_t> deadlines;  // per step in flight, oldest first: how long it may be the oldest, ns
+  int64_t oldest_since = 0;       // when the oldest step in flight became the oldest
   int32_t load() const { return sched->num_running() + sched->num_waiting(); }
 };
+
+const char* to_string(WorkerExit why) {
+  switch (why) {
+    case WorkerExit::kDrained:
+      return "drained";
+    case WorkerExit::kLost:
+      return "lost";
+    case WorkerExit::kHung:
+      return "hung";
+    case WorkerExit::kBroken:
+      return "broken";
+  }
+  return "unknown";
+}
 
 const char* to_string(PlacementPolicy policy) {
   switch (policy) {
@@ -41,6 +58,10 @@ Batcher::Batcher(const BatcherOptions& options) : options_(options) {
   if (options.unplaced_timeout_ns <= 0)
     throw std::invalid_argument("BatcherOptions: unplaced_timeout_ns must be > 0");
   if (options.max_unplaced < 0) throw std::invalid_argument("BatcherOptions: max_unplaced must be >= 0");
+  if (options.step_timeout_floor_ns < 0 || options.step_timeout_cold_ns < 0 ||
+      !(options.step_timeout_margin >= 1.0)) {
+    throw std::invalid_argument("BatcherOptions: step timeouts must be >= 0 and the margin >= 1");
+  }
 }
 
 Batcher::~Batcher() = default;
@@ -219,6 +240,8 @@ void Batcher::move_all(Worker& w, int64_t now) {
   std::vector<Request> moving = w.sched->extract_all();
   collect(w);
   for (Request& r : moving) {
+    ++counters_.requests_moved;
+    counters_.tokens_recomputed += static_cast<int64_t>(r.prompt_ids.size() + r.output_ids.size());
     where_.erase(r.id);
     const uint64_t id = r.id;
     if (place(r, now)) continue;
@@ -227,9 +250,22 @@ void Batcher::move_all(Worker& w, int64_t now) {
   }
 }
 
-bool Batcher::remove_worker(uint64_t id, int64_t now) {
+bool Batcher::remove_worker(uint64_t id, int64_t now, WorkerExit why) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return false;
+  switch (why) {
+    case WorkerExit::kDrained:
+      break;
+    case WorkerExit::kLost:
+      ++counters_.workers_lost;
+      break;
+    case WorkerExit::kHung:
+      ++counters_.workers_hung;
+      break;
+    case WorkerExit::kBroken:
+      ++counters_.workers_broken;
+      break;
+  }
   std::unique_ptr<Worker> w = std::move(it->second);
   workers_.erase(it);
   order_.erase(std::find(order_.begin(), order_.end(), w.get()));
@@ -278,14 +314,39 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
   } catch (const std::invalid_argument& e) {
     const std::string why =
         "worker " + std::to_string(worker) + " sent a result that does not fit its plan: " + e.what();
-    remove_worker(worker, now);
+    remove_worker(worker, now, WorkerExit::kBroken);
     return why;
   }
   ++w.steps;
   w.busy_ms += result.forward_ms;
   w.idle_ms += result.idle_ms;
+  if (!w.deadlines.empty()) {
+    w.deadlines.pop_front();
+    w.oldest_since = now;  // the next step in flight was queued at the worker: it starts now
+    if (w.spec.cost) w.spec.cost->observe(result.step_id, result.forward_ms);
+  }
   collect(w);
   return std::nullopt;
+}
+
+int64_t Batcher::step_deadline(Worker& w, const StepPlan& plan) const {
+  const int64_t predicted = w.spec.cost ? w.spec.cost->predict_ns(plan) : 0;
+  const int64_t floor = options_.step_timeout_floor_ns;
+  if (predicted <= 0) return std::max(floor, options_.step_timeout_cold_ns);
+  return std::max(floor, static_cast<int64_t>(options_.step_timeout_margin * static_cast<double>(predicted)));
+}
+
+std::vector<HungWorker> Batcher::take_hung(int64_t now) {
+  std::vector<HungWorker> hung;
+  if (options_.step_timeout_floor_ns <= 0) return hung;
+  for (const auto& [id, w] : workers_) {
+    if (w->deadlines.empty()) continue;
+    const int64_t running = now - w->oldest_since;
+    if (running > w->deadlines.front())
+      hung.push_back({id, w->sched->oldest_step_in_flight(), running, w->deadlines.front()});
+  }
+  for (const HungWorker& h : hung) remove_worker(h.worker, now, WorkerExit::kHung);
+  return hung;
 }
 
 void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
@@ -308,10 +369,14 @@ void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
   }
 }
 
-void Batcher::plan(uint64_t id, Worker& w, std::vector<Dispatch>& out) {
+void Batcher::plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out) {
   while (w.sched->can_schedule()) {
     StepPlan plan = w.sched->schedule();
     if (plan.empty()) break;
+    if (options_.step_timeout_floor_ns > 0) {
+      if (w.deadlines.empty()) w.oldest_since = now;
+      w.deadlines.push_back(step_deadline(w, plan));
+    }
     out.push_back({id, std::move(plan)});
   }
   collect(w);
@@ -321,7 +386,7 @@ std::vector<Dispatch> Batcher::schedule(int64_t now) {
   ids_.clear();
   place_unplaced(now, ids_);
   std::vector<Dispatch> out;
-  for (auto& [id, w] : workers_) plan(id, *w, out);
+  for (auto& [id, w] : workers_) plan(id, *w, now, out);
   return out;
 }
 
@@ -340,7 +405,7 @@ void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out)
   ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
   for (uint64_t id : ids_) {
     auto it = workers_.find(id);
-    if (it != workers_.end()) plan(id, *it->second, out);
+    if (it != workers_.end()) plan(id, *it->second, now, out);
   }
 }
 

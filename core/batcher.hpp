@@ -28,6 +28,7 @@
 #include "core/prefix_root_index.hpp"
 #include "core/request.hpp"
 #include "core/scheduler.hpp"
+#include "core/step_cost.hpp"
 #include "core/step_plan.hpp"
 
 namespace troupe::core {
@@ -42,6 +43,37 @@ struct BatcherOptions {
   PlacementPolicy placement = PlacementPolicy::kPrefixAffinity;
   int64_t unplaced_timeout_ns = 30'000'000'000;  // a request no worker can take fails after this; > 0
   int32_t max_unplaced = 4096;                   // requests waiting for any worker at most; >= 0
+  // Step deadlines (take_hung): a step may run max(floor, margin x its
+  // predicted cost); one its worker's cost model cannot predict yet (no
+  // model, or too few steps to fit one) may run max(floor, cold). floor 0 =
+  // no deadlines.
+  int64_t step_timeout_floor_ns = 5'000'000'000;  // >= 0
+  double step_timeout_margin = 8.0;               // >= 1
+  int64_t step_timeout_cold_ns = 60'000'000'000;  // >= 0
+};
+
+// Why a worker left the batcher (BatcherCounters, logs).
+enum class WorkerExit {
+  kDrained,  // it drained and was let go
+  kLost,     // its process or host is gone (missed heartbeats, exited)
+  kHung,     // a step ran past its deadline: fenced, its late results are dropped
+  kBroken,   // it sent a result that does not fit its plan
+};
+const char* to_string(WorkerExit why);  // "drained", "lost", "hung", "broken"
+
+// What the batcher did about faults since it started.
+struct BatcherCounters {
+  int64_t workers_lost = 0, workers_hung = 0, workers_broken = 0;
+  int64_t requests_moved = 0;     // unfinished requests taken off a worker that left, to run elsewhere
+  int64_t tokens_recomputed = 0;  // their tokens (prompt + generated so far) whose KV is computed again
+};
+
+// A worker whose oldest step ran past its deadline (take_hung).
+struct HungWorker {
+  uint64_t worker = 0;
+  uint64_t step_id = 0;     // the step it did not finish
+  int64_t running_ns = 0;   // how long that step had been its oldest in flight
+  int64_t deadline_ns = 0;  // what it was allowed
 };
 
 // A worker as the batcher sees it: its name and its scheduler's settings
@@ -51,6 +83,8 @@ struct WorkerSpec {
   std::string node;    // process or host it lives on (status, logs)
   std::string device;  // "cpu", "cuda:0", "emulated"
   SchedulerOptions scheduler;
+  std::shared_ptr<StepCostModel> cost =
+      nullptr;  // its steps' predicted cost (deadlines); null = floor/cold only
 };
 
 enum class WorkerState { kActive, kDraining };
@@ -84,8 +118,9 @@ class Batcher {
   std::optional<std::string> add_worker(const WorkerSpec& spec);
   // The worker and its KV are gone: its steps in flight are dropped and every
   // unfinished request on it moves to the other workers (prompt + tokens so
-  // far, recomputed), or waits for one. False for an unknown id.
-  bool remove_worker(uint64_t id, int64_t now);
+  // far, recomputed), or waits for one. `why` is counted (counters()). False
+  // for an unknown id.
+  bool remove_worker(uint64_t id, int64_t now, WorkerExit why = WorkerExit::kLost);
   // No new requests go to the worker; those it has not started move elsewhere
   // now (or stay, when no other worker can take them); the running ones
   // finish there. `drained()` says when it is empty; at a drain deadline,
@@ -108,6 +143,14 @@ class Batcher {
   // the plan means a broken worker: it is removed (remove_worker) and the
   // reason returned.
   std::optional<std::string> on_result(uint64_t worker, const StepResult& result, int64_t now);
+  // Step deadlines (the watchdog; call it every fraction of the floor): every
+  // worker whose oldest step in flight has been its oldest for longer than
+  // the step's deadline is hung. It is removed as a lost worker is (its
+  // requests move, recomputed; a result it sends later is dropped as any
+  // from an unknown id) and returned. A step becomes the oldest when it is
+  // planned with none in flight, or when the result before it comes (the
+  // worker had it queued). Nothing when deadlines are off.
+  std::vector<HungWorker> take_hung(int64_t now);
   // Plans a step for every worker that can take one and has work; places
   // waiting requests first; fails unplaced requests past their deadline.
   std::vector<Dispatch> schedule(int64_t now);
@@ -135,6 +178,7 @@ class Batcher {
   int32_t num_waiting() const;
   int32_t num_running() const;
   std::vector<WorkerStats> worker_stats() const;
+  const BatcherCounters& counters() const { return counters_; }
   // Which worker holds a request (0 = unplaced or unknown).
   uint64_t worker_of(uint64_t request_id) const;
   const Scheduler* scheduler(uint64_t worker) const;
@@ -155,7 +199,9 @@ class Batcher {
   // Places (or fails) the requests waiting for a worker; appends the workers
   // that took one to `placed`.
   void place_unplaced(int64_t now, std::vector<uint64_t>& placed);
-  void plan(uint64_t id, Worker& w, std::vector<Dispatch>& out);
+  void plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out);
+  // The deadline of `plan` on w (ns), from w's cost model and the options.
+  int64_t step_deadline(Worker& w, const StepPlan& plan) const;
   void collect(Worker& w);
 
   BatcherOptions options_;
@@ -171,6 +217,7 @@ class Batcher {
   // The first blocks every worker caches (prefix-affinity asks only their
   // holders); behind a pointer so the workers' observers outlive a move.
   std::unique_ptr<PrefixRootIndex> roots_ = std::make_unique<PrefixRootIndex>();
+  BatcherCounters counters_;
 };
 
 }  // namespace troupe::core

@@ -150,6 +150,10 @@ class Scheduler {
 
   int32_t steps_in_flight() const { return static_cast<int32_t>(in_flight_steps_.size()); }
   bool step_in_flight() const { return !in_flight_steps_.empty(); }
+  // The id of the oldest step in flight (the one on_step_done takes next); 0 = none.
+  uint64_t oldest_step_in_flight() const {
+    return in_flight_steps_.empty() ? 0 : in_flight_steps_.front().step_id;
+  }
   bool is_waiting(uint64_t id) const;
   bool is_running(uint64_t id) const;
   bool contains(uint64_t id) const { return seqs_.count(id) != 0; }

@@ -101,6 +101,13 @@ CostModel CostModel::scaled(double factor) const {
   return m;
 }
 
+std::vector<double> CostModel::knots_up_to(int64_t largest) {
+  std::vector<double> knots = {1};
+  for (double k = 4; k < static_cast<double>(largest); k *= 4) knots.push_back(k);
+  if (largest > 1) knots.push_back(static_cast<double>(largest));
+  return knots;
+}
+
 CostModel CostModel::fit(const std::vector<double>& knots, const std::vector<CostSample>& samples) {
   CostModel m;
   m.knots = knots;

@@ -64,6 +64,9 @@ class CostModel {
 
   // Fits every term to `samples` (non-empty, times > 0). `knots` as above.
   static CostModel fit(const std::vector<double>& knots, const std::vector<CostSample>& samples);
+  // The knots a fit over steps of at most `largest` tokens uses: 1, the
+  // powers of 4 below `largest`, and `largest`.
+  static std::vector<double> knots_up_to(int64_t largest);
 
   nlohmann::json to_json() const;
   // Throws std::runtime_error naming the field on a malformed object.

@@ -107,11 +107,8 @@ void refit(CostProfile& p, RepStat stat) {
       (points == &p.fit_points ? fit : held).push_back(m.sample);
     }
   }
-  std::vector<double> knots = {1};
-  for (double k = 4; k < static_cast<double>(largest); k *= 4) knots.push_back(k);
-  if (largest > 1) knots.push_back(static_cast<double>(largest));
   p.stat = stat;
-  p.cost = CostModel::fit(knots, fit);
+  p.cost = CostModel::fit(CostModel::knots_up_to(largest), fit);
   p.calibration = {};
   p.fit_error = fit_error(p.cost, fit);
   p.heldout_error = fit_error(p.cost, held);

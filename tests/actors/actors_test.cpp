@@ -191,8 +191,10 @@ TEST_F(ActorsTest, ABrokenResultDropsItsWorkerAndMembershipHearsWhy) {
   // (One argument: CAF 0.17 dereferences a null argument tuple for a function actor without any, UBSan says.)
   caf::actor membership = sys.spawn(
       [&](caf::event_based_actor*, int) -> caf::behavior {
-        return {[&](wlost_atom, uint64_t id, const std::string& why) { dropped.emplace_back(id, why); },
-                [](drained_atom, uint64_t) {}};
+        return {[&](wleft_atom, uint64_t id, int32_t why, const std::string& detail) {
+          EXPECT_EQ(why, static_cast<int32_t>(core::WorkerExit::kBroken));
+          dropped.emplace_back(id, detail);
+        }};
       },
       0);
   caf::anon_send(batcher, listen_atom::value, router, membership);

@@ -276,6 +276,27 @@ TEST(Cli, BatchRunsGoodLinesAndReportsBadOnesInOrder) {
   EXPECT_EQ(out[6]["ids"], out[0]["ids"]) << "greedy: the same prompt gives the same tokens";
 }
 
+// A number past a double's range makes the line unreadable JSON (nlohmann
+// throws out_of_range): its error still names the field and the number, and
+// the rest of the file runs.
+TEST(Cli, BatchNamesTheFieldOfANumberPastADouble) {
+  TempDir dir;
+  {
+    std::ofstream in(dir.file("jobs.jsonl"));
+    in << R"({"id": 1, "prompt": "Hello", "max_tokens": 2, "temperature": 1e999})" << "\n"
+       << R"({"id": 2, "prompt": "Hello", "max_tokens": 2, "logit_bias": {"11": -1e400}})" << "\n"
+       << R"({"id": 3, "prompt": "Hello", "max_tokens": 2, "temperature": 0})" << "\n";
+  }
+  auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
+                              " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 64"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0]["error"], "temperature: the number 1e999 is out of range (not a finite double)");
+  EXPECT_EQ(out[1]["error"], "logit_bias.11: the number -1e400 is out of range (not a finite double)");
+  EXPECT_EQ(out[2]["ids"].size(), 2u);
+}
+
 // Numbers out of their field's range fail their own line, naming the field and
 // the value: never narrowed into range (2^32 + 1 max_tokens is not 1 token).
 TEST(Cli, BatchRejectsOutOfRangeNumbersPerLine) {

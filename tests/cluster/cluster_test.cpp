@@ -15,137 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/client.hpp"
 #include "cluster/emulated_worker.hpp"
 #include "cluster/sim/cost_profile.hpp"
-#include "jsonl.hpp"
-#include "process.hpp"
-#include "test_utils.hpp"
-#include "tiny_model.hpp"
-#include "transport/curve_keys.hpp"
-#include "transport/protocol.hpp"
+#include "cluster_harness.hpp"
 
 namespace troupe::test {
 namespace {
-
-using nlohmann::json;
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-
-// Jobs of every kind: greedy and seeded sampled (explicit seeds, so the
-// output does not depend on who drew a seed), text and id prompts, lengths
-// forced with ignore_eos, and some with presence or frequency penalties and
-// logit biases (whose tokens depend on every token generated before: a
-// sequence moved to another worker must take them along).
-void write_jobs(const std::string& path, int n, int max_tokens, uint32_t seed, int min_tokens = 4) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> len(min_tokens, max_tokens);
-  std::ofstream out(path);
-  const char* words[] = {"The", "cluster", "serves", "tokens", "quickly", "and", "well", "today"};
-  for (int i = 0; i < n; ++i) {
-    json j{{"id", i}, {"max_tokens", len(rng)}, {"ignore_eos", true}};
-    if (i % 3 == 2) {
-      j["prompt_ids"] = {464 + i, 1893, 318 + i % 7};
-    } else {
-      std::string p;
-      for (int w = 0; w < 3 + i % 5; ++w) p += std::string(w ? " " : "") + words[(i + w * 3) % 8];
-      j["prompt"] = p;
-    }
-    if (i % 2 == 0) {
-      j["temperature"] = 0;
-    } else {
-      j["temperature"] = 0.9;
-      j["top_k"] = 40;
-      j["seed"] = 1000 + i;
-    }
-    if (i % 4 == 0) j["frequency_penalty"] = 1.0;
-    if (i % 8 == 2) j["repetition_penalty"] = 1.5;
-    if (i % 4 == 1) {
-      j["presence_penalty"] = 1.5;
-      j["logit_bias"] = {{"11", 6.0}, {"13", -100}};
-    }
-    out << j.dump() << "\n";
-  }
-}
-
-std::string bin() { return troupe_bin(); }
-
-// `troupe batch` on the jobs: the reference outputs, by id.
-std::map<int, json> reference(const TempDir& dir, const std::string& jobs) {
-  auto r = run_command(shell_quote(bin()) + " batch --quiet --model " + shell_quote(tiny_model_dir()) +
-                       " --input " + shell_quote(jobs) + " --output " +
-                       shell_quote(dir.file("reference.jsonl")) + " --num-blocks 512");
-  EXPECT_EQ(r.status, 0) << r.output;
-  std::map<int, json> ref;
-  for (const auto& j : read_jsonl(dir.file("reference.jsonl"))) ref[j["id"].get<int>()] = j;
-  return ref;
-}
-
-void expect_same_tokens(const std::map<int, json>& ref, const std::vector<json>& got, size_t n) {
-  ASSERT_EQ(got.size(), n);
-  for (const auto& g : got) {
-    const int id = g["id"].get<int>();
-    ASSERT_FALSE(g.contains("error")) << g.dump();
-    ASSERT_TRUE(ref.count(id)) << id;
-    EXPECT_EQ(g["ids"], ref.at(id)["ids"]) << "job " << id;
-    EXPECT_EQ(g["text"], ref.at(id)["text"]) << "job " << id;
-    EXPECT_EQ(g["finish_reason"], "length") << "job " << id;
-  }
-}
-
-// A head on ephemeral ports; `extra` are more serve flags.
-struct Head {
-  Head(const TempDir& dir, const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {bin(),          "serve", "--model",      tiny_model_dir(),
-                                     "--num-blocks", "256",   "--ready-file", dir.file(name + ".ready")};
-    for (const char* flag : {"--listen", "--worker-listen"}) {
-      if (std::find(extra.begin(), extra.end(), flag) == extra.end())
-        args.insert(args.end(), {flag, "tcp://127.0.0.1:*"});
-    }
-    args.insert(args.end(), extra.begin(), extra.end());
-    proc = std::make_unique<Process>(args, dir.file(name + ".log"));
-    const std::string ready = dir.file(name + ".ready");
-    const bool up = eventually([&] { return std::ifstream(ready).good() || !proc->running(); }, seconds(120));
-    if (!up || !proc->running()) throw std::runtime_error("the head did not start:\n" + proc->log());
-    std::ifstream in(ready);
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind("listen=", 0) == 0) listen = line.substr(7);
-      if (line.rfind("worker_listen=", 0) == 0) worker_listen = line.substr(14);
-    }
-  }
-  std::optional<transport::StatusReply> status() const {
-    cluster::Client c(cluster::ClientOptions{listen, client_keys, transport::kDefaultMaxFrameBytes, true});
-    return c.status(seconds(10));
-  }
-  bool wait_workers(size_t n) const {
-    return eventually(
-        [&] {
-          auto s = status();
-          return s && s->workers.size() == n;
-        },
-        seconds(120));
-  }
-  std::unique_ptr<Process> proc;
-  std::string listen, worker_listen;
-  std::optional<transport::CurveClientKeys> client_keys;  // for status() when the head uses CurveZMQ
-};
-
-std::unique_ptr<Process> start_worker(const TempDir& dir, const Head& head, const std::string& name,
-                                      std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {
-      bin(), "worker", "--join", head.worker_listen, "--model", tiny_model_dir(), "--num-blocks",
-      "256", "--name", name};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return std::make_unique<Process>(args, dir.file(name + ".log"));
-}
-
-std::unique_ptr<Process> start_submit(const TempDir& dir, const Head& head, const std::string& jobs,
-                                      const std::string& out, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {bin(), "submit",   "--to", head.listen, "--input",
-                                   jobs,  "--output", out,    "--quiet"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return std::make_unique<Process>(args, out + ".log");
-}
 
 TEST(Cluster, HeadAndTwoWorkerProcessesGiveWhatBatchGives) {
   TempDir dir;
@@ -256,7 +131,7 @@ TEST(Cluster, AHeadRestartedOnItsPortsGetsItsNodeBackOnce) {
 
 TEST(Cluster, HostileClientsLeaveTheServerServing) {
   TempDir dir;
-  Head head(dir, "head", {"--workers", "1", "--max-frame-bytes", "65536"});
+  Head head(dir, "head", {"--workers", "1", "--max-client-frame-bytes", "65536"});
   ASSERT_TRUE(head.wait_workers(1));
   {
     cluster::Client c(cluster::ClientOptions{head.listen, {}, 1 << 20, true});
@@ -357,26 +232,30 @@ TEST(Cluster, PastMaxQueueJobsAreBusyAtOnceAndAcceptedOnesFinish) {
   EXPECT_LT(head.proc->rss_kib() - rss_before, 200 * 1024) << "memory stays bounded";
 }
 
-TEST(Cluster, CurveKeysAdmitOnlyAllowedClientsAndWorkers) {
+// Keys have roles: those of --curve-client-keys may submit, those of
+// --curve-worker-keys may join as workers, and a key of one role is refused
+// on the other socket. (Before roles, a head that allowed a client's key let
+// `troupe worker --curve-secret-key client.key` join and see every prompt.)
+TEST(Cluster, CurveKeysHaveRoles) {
   TempDir dir;
   for (const char* name : {"server", "client", "node", "stranger"}) {
     auto r = run_command(shell_quote(bin()) + " keygen --out " + shell_quote(dir.file(name)));
     ASSERT_EQ(r.status, 0) << r.output;
   }
-  {
-    std::ofstream allowed(dir.file("allowed.keys"));
-    std::ifstream c(dir.file("client.pub")), n(dir.file("node.pub"));
-    allowed << c.rdbuf() << "\n" << n.rdbuf() << "\n";
-  }
   Head head(dir, "head",
-            {"--workers", "0", "--curve-secret-key", dir.file("server.key"), "--curve-allowed-keys",
-             dir.file("allowed.keys")});
-  auto intruder = start_worker(
-      dir, head, "intruder",
-      {"--curve-secret-key", dir.file("stranger.key"), "--curve-server-key", dir.file("server.pub")});
-  auto node = start_worker(
-      dir, head, "member",
-      {"--curve-secret-key", dir.file("node.key"), "--curve-server-key", dir.file("server.pub")});
+            {"--workers", "0", "--curve-secret-key", dir.file("server.key"), "--curve-client-keys",
+             dir.file("client.pub"), "--curve-worker-keys", dir.file("node.pub")});
+  const transport::KeyPair client = transport::read_secret_key_file(dir.file("client.key"));
+  head.client_keys = transport::CurveClientKeys{client.public_key, client.secret_key,
+                                                transport::load_public_key(dir.file("server.pub"))};
+  auto worker_with = [&](const char* name, const char* key) {
+    return start_worker(dir, head, name,
+                        {"--curve-secret-key", dir.file(key), "--curve-server-key", dir.file("server.pub")});
+  };
+  auto intruder = worker_with("intruder", "client.key");  // a client's key on the worker socket
+  auto stranger = worker_with("stranger", "stranger.key");
+  auto node = worker_with("member", "node.key");
+  ASSERT_TRUE(head.wait_workers(1)) << head.proc->log() << node->log();
   auto submit = [&](const char* key) {
     return run_command(shell_quote(bin()) + " submit --to " + shell_quote(head.listen) +
                        " --prompt Hi --max-tokens 3 --json --quiet --timeout 8 --curve-server-key " +
@@ -386,11 +265,46 @@ TEST(Cluster, CurveKeysAdmitOnlyAllowedClientsAndWorkers) {
   auto ok = submit("client.key");
   ASSERT_EQ(ok.status, 0) << ok.output << head.proc->log();
   EXPECT_NE(ok.output.find("\"completion_tokens\":3"), std::string::npos) << ok.output;
-  auto refused = submit("stranger.key");
-  EXPECT_NE(refused.status, 0) << refused.output;
+  for (const char* key : {"node.key", "stranger.key"}) {  // a worker's key on the client socket, a stranger's
+    auto refused = submit(key);
+    EXPECT_NE(refused.status, 0) << key << ": " << refused.output;
+  }
+  // A client without keys is told within moments, not after its --timeout of
+  // ten minutes, and the head logs the failed handshake.
+  auto keyless = run_command(shell_quote(bin()) + " submit --to " + shell_quote(head.listen) +
+                             " --prompt Hi --max-tokens 3 --quiet --timeout 600");
+  EXPECT_NE(keyless.status, 0);
+  EXPECT_NE(keyless.output.find("handshake with the head at " + head.listen + " failed"), std::string::npos)
+      << keyless.output;
+  EXPECT_NE(head.proc->log().find("frontend: a client's handshake failed"), std::string::npos);
+  std::this_thread::sleep_for(seconds(2));  // the intruders' retries
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->workers.size(), 1u);
+  EXPECT_EQ(st->workers[0].node, "member");
   const std::string log = head.proc->log();
   EXPECT_NE(log.find("node 'member' joined"), std::string::npos) << log;
   EXPECT_EQ(log.find("node 'intruder' joined"), std::string::npos) << log;
+  EXPECT_EQ(log.find("node 'stranger' joined"), std::string::npos) << log;
+
+  // A key in both lists is refused at start; the old flag names clients only, and says so.
+  auto both = run_command(shell_quote(bin()) + " serve --model " + shell_quote(tiny_model_dir()) +
+                          " --workers 0 --listen tcp://127.0.0.1:* --worker-listen tcp://127.0.0.1:*"
+                          " --curve-secret-key " +
+                          shell_quote(dir.file("server.key")) + " --curve-client-keys " +
+                          shell_quote(dir.file("client.pub")) + " --curve-worker-keys " +
+                          shell_quote(dir.file("client.pub")));
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("a key has one role"), std::string::npos) << both.output;
+  Head old(dir, "old",
+           {"--workers", "0", "--curve-secret-key", dir.file("server.key"), "--curve-allowed-keys",
+            dir.file("client.pub")});
+  EXPECT_NE(old.proc->log().find("--curve-allowed-keys is deprecated"), std::string::npos) << old.proc->log();
+  auto old_node = start_worker(
+      dir, old, "old-node",
+      {"--curve-secret-key", dir.file("client.key"), "--curve-server-key", dir.file("server.pub")});
+  std::this_thread::sleep_for(seconds(3));
+  EXPECT_EQ(old.proc->log().find("joined"), std::string::npos) << old.proc->log();
 }
 
 // --devices: one local worker per listed device. Two "cpu" entries make two
@@ -474,44 +388,6 @@ TEST(Cluster, SubmitGivesEveryOpenJobAnErrorLineWhenTheHeadFallsSilent) {
   }
 }
 
-// A network namespace with its own veth pair: a host as far as the network
-// goes. Addresses from the benchmarking range 198.18.0.0/15; traffic stays on
-// the pair this test made. Removed (with the pair) when the object dies.
-struct NetNs {
-  explicit NetNs(int net) {
-    const std::string id = std::to_string(getpid() % 100000);
-    name = "troupe-" + id;
-    host_if = "tvh" + id;
-    ns_if = "tvn" + id;
-    host_ip = "198.18." + std::to_string(net) + ".1";
-    ns_ip = "198.18." + std::to_string(net) + ".2";
-    const std::string steps[] = {
-        "ip netns add " + name,
-        "ip link add " + host_if + " type veth peer name " + ns_if,
-        "ip link set " + ns_if + " netns " + name,
-        "ip addr add " + host_ip + "/30 dev " + host_if,
-        "ip link set " + host_if + " up",
-        "ip netns exec " + name + " ip addr add " + ns_ip + "/30 dev " + ns_if,
-        "ip netns exec " + name + " ip link set " + ns_if + " up",
-        "ip netns exec " + name + " ip link set lo up",
-    };
-    for (const auto& step : steps) {
-      auto r = run_command(step);
-      if (r.status != 0) {
-        why_not = "`" + step + "` failed: " + r.output;
-        return;
-      }
-    }
-    ok = true;
-  }
-  ~NetNs() {
-    run_command("ip netns del " + name);
-    run_command("ip link del " + host_if);
-  }
-  bool ok = false;
-  std::string why_not, name, host_if, ns_if, host_ip, ns_ip;
-};
-
 TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
   if (getuid() != 0) GTEST_SKIP() << "network namespaces need root; not run";
   TempDir dir;
@@ -519,11 +395,6 @@ TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
   if (!ns.ok) GTEST_SKIP() << "cannot make a network namespace here: " << ns.why_not;
   for (const char* name : {"server", "node", "client"}) {
     ASSERT_EQ(run_command(shell_quote(bin()) + " keygen --out " + shell_quote(dir.file(name))).status, 0);
-  }
-  {
-    std::ofstream allowed(dir.file("allowed.keys"));
-    std::ifstream c(dir.file("client.pub")), n(dir.file("node.pub"));
-    allowed << c.rdbuf() << "\n" << n.rdbuf() << "\n";
   }
   const std::string jobs = dir.file("jobs.jsonl");
   write_jobs(jobs, 10, 16, 9);
@@ -537,7 +408,8 @@ TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
 
   Head head(dir, "head",
             {"--workers", "0", "--worker-listen", "tcp://" + ns.host_ip + ":*", "--curve-secret-key",
-             dir.file("server.key"), "--curve-allowed-keys", dir.file("allowed.keys")});
+             dir.file("server.key"), "--curve-client-keys", dir.file("client.pub"), "--curve-worker-keys",
+             dir.file("node.pub")});
   const transport::KeyPair client = transport::read_secret_key_file(dir.file("client.key"));
   head.client_keys = transport::CurveClientKeys{client.public_key, client.secret_key,
                                                 transport::load_public_key(dir.file("server.pub"))};

@@ -40,9 +40,20 @@ transport::Register node(const std::string& name, uint32_t workers) {
   return r;
 }
 
-Membership::Joined joined(std::variant<Membership::Joined, transport::Refused> outcome) {
-  if (auto* no = std::get_if<transport::Refused>(&outcome)) ADD_FAILURE() << "refused: " << no->reason;
+using Outcome = std::variant<Membership::Joined, Membership::Refusal>;
+
+Membership::Joined joined(Outcome outcome) {
+  if (auto* no = std::get_if<Membership::Refusal>(&outcome)) ADD_FAILURE() << "refused: " << no->detail;
   return std::get<Membership::Joined>(outcome);
+}
+
+// The refusal of `outcome`; a failure if it was admitted.
+Membership::Refusal refusal(Outcome outcome) {
+  if (!std::holds_alternative<Membership::Refusal>(outcome)) {
+    ADD_FAILURE() << "admitted";
+    return {};
+  }
+  return std::get<Membership::Refusal>(outcome);
 }
 
 std::vector<uint32_t> ids(const transport::Registered& reply) {
@@ -103,10 +114,8 @@ TEST(Membership, RefusesNodesThatCannotServeTheHeadsModel) {
   Membership m(options(), 1);
   const auto now = Clock::now();
   auto refused = [&](transport::Register r, const std::string& words) {
-    auto outcome = m.on_register("peer", r, now);
-    ASSERT_TRUE(std::holds_alternative<transport::Refused>(outcome)) << words;
-    EXPECT_NE(std::get<transport::Refused>(outcome).reason.find(words), std::string::npos)
-        << std::get<transport::Refused>(outcome).reason;
+    const Membership::Refusal no = refusal(m.on_register("peer", r, now));
+    EXPECT_NE(no.detail.find(words), std::string::npos) << no.detail;
   };
   refused(node("a", 0), "at least one worker");
   refused(node("a", 5), "at most 4 workers");
@@ -118,11 +127,71 @@ TEST(Membership, RefusesNodesThatCannotServeTheHeadsModel) {
   refused(other, "serves another model");
   transport::Register vocab = node("a", 1);
   vocab.workers[0].vocab_size = 100;
-  refused(vocab, "vocabulary of 100");
+  refused(vocab, "vocabulary 100");
   transport::Register pool = node("a", 1);
   pool.workers[0].num_blocks = 0;
   refused(pool, "unusable KV pool");
   EXPECT_EQ(m.num_nodes(), 0u);
+}
+
+// What a node is told when refused names what it can fix, and nothing of the
+// head's model: the fingerprint and vocabulary stay in the head's log.
+TEST(Membership, ARefusalTellsTheNodeNothingAboutTheHeadsModel) {
+  Membership m(options(), 1);
+  transport::Register other = node("a", 1);
+  other.workers[0].fingerprint = 78;
+  other.workers[0].vocab_size = 100;
+  const Membership::Refusal no = refusal(m.on_register("peer", other, Clock::now()));
+  EXPECT_NE(no.reply.reason.find("serves another model"), std::string::npos) << no.reply.reason;
+  for (const char* secret : {"77", "50257"}) {
+    EXPECT_EQ(no.reply.reason.find(secret), std::string::npos) << no.reply.reason;
+    EXPECT_NE(no.detail.find(secret), std::string::npos) << no.detail;
+  }
+}
+
+// --max-nodes: one node more is refused (a node already in, registering
+// again, is not counted twice); a node that leaves makes room.
+TEST(Membership, NoMoreNodesThanMaxNodes) {
+  MembershipOptions o = options();
+  o.max_nodes = 2;
+  Membership m(o, 1);
+  const auto now = Clock::now();
+  joined(m.on_register("peer-a", node("a", 1), now));
+  joined(m.on_register("peer-b", node("b", 1), now));
+  EXPECT_TRUE(joined(m.on_register("peer-b", node("b", 1), now)).again);
+  const Membership::Refusal no = refusal(m.on_register("peer-c", node("c", 1), now));
+  EXPECT_NE(no.reply.reason.find("--max-nodes 2"), std::string::npos) << no.reply.reason;
+  EXPECT_EQ(m.forget_node("peer-a"), (std::vector<uint64_t>{1}));
+  joined(m.on_register("peer-c", node("c", 1), now));
+  EXPECT_EQ(m.num_nodes(), 2u);
+}
+
+// A node's KV pool must fit the memory it declares, which must fit the
+// head's bound: the head keeps state for every block a node reports, so a
+// node claiming two billion blocks is refused instead of costing the head
+// its memory.
+TEST(Membership, AWorkersKvPoolMustFitItsDeclaredMemory) {
+  MembershipOptions o = options();
+  o.kv_bytes_per_token = 1000;
+  o.max_worker_kv_bytes = int64_t{1} << 30;
+  Membership m(o, 1);
+  const auto now = Clock::now();
+  auto with = [](int32_t blocks, int64_t kv_bytes) {
+    transport::Register r = node("a", 1);
+    r.workers[0].num_blocks = blocks;
+    r.workers[0].kv_bytes = kv_bytes;
+    return r;
+  };
+  EXPECT_NE(refusal(m.on_register("p", with(64, 0), now)).detail.find("declares 0 bytes"), std::string::npos);
+  EXPECT_NE(refusal(m.on_register("p", with(64, 64 * 16 * 1000 - 1), now)).detail.find("need 1024000 bytes"),
+            std::string::npos);
+  EXPECT_NE(refusal(m.on_register("p", with(2'000'000'000, int64_t{1} << 50), now)).detail.find("at most"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal(m.on_register("p", with(60'000, int64_t{1} << 31), now)).detail.find("at most 1073741824"),
+      std::string::npos);
+  EXPECT_EQ(m.num_nodes(), 0u);
+  joined(m.on_register("p", with(64, 64 * 16 * 1000), now));
 }
 
 TEST(Membership, ADrainedNodeIsForgottenWithItsLastWorker) {

@@ -10,88 +10,15 @@
 #include <map>
 #include <random>
 
-#include "core/sequence_table.hpp"
-#include "scheduler_harness.hpp"
+#include "batcher_harness.hpp"
 
 namespace troupe::core {
 namespace {
 
+using test::Cluster;
 using test::make_request;
 using test::range_tokens;
-
-int32_t script(uint64_t id, int32_t pos) { return static_cast<int32_t>((id * 7919 + pos * 31) % 50000); }
-
-SchedulerOptions worker_options(int32_t blocks = 64, int32_t in_flight = 2) {
-  SchedulerOptions o = test::small_options();
-  o.num_blocks = blocks;
-  o.max_steps_in_flight = in_flight;
-  return o;
-}
-
-// Scripted workers behind a Batcher: each runs its plans in order on its own
-// SequenceTable and holds the results until delivered.
-struct Cluster {
-  explicit Cluster(BatcherOptions o = {}) : b(o) {}
-
-  void add(uint64_t id, SchedulerOptions o = worker_options()) {
-    ASSERT_FALSE(b.add_worker({id, "node" + std::to_string(id), "fake", o}));
-    tables.emplace(id, SequenceTable(test::table_options(o)));
-  }
-  void lose(uint64_t id) {
-    tables.erase(id);
-    pending.erase(id);
-    b.remove_worker(id, now);
-  }
-  // One round: plan everything, run it on the workers, deliver one result per worker.
-  void round() {
-    for (auto& d : b.schedule(now)) {
-      auto& t = tables.at(d.worker);
-      PreparedStep p = t.prepare(d.plan);
-      for (const auto& f : p.failures) ADD_FAILURE() << "worker " << d.worker << " refused: " << f.error;
-      StepResult r;
-      r.step_id = d.plan.step_id;
-      for (const auto& c : p.chunks) {
-        if (c.sample)
-          r.outputs.push_back(
-              {c.seq_id,
-               {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}}});
-      }
-      t.commit(p, r.outputs, {});
-      pending[d.worker].push_back(r);
-      ++plans[d.worker];
-    }
-    for (auto& [id, q] : pending) {
-      if (q.empty()) continue;
-      EXPECT_FALSE(b.on_result(id, q.front(), now));
-      q.pop_front();
-    }
-    now += 1000;
-    drain();
-  }
-  void drain() {
-    for (auto& ev : b.take_events()) {
-      if (ev.kind == EventKind::kToken) tokens[ev.request_id].push_back(ev.token_id);
-      if (ev.finished()) finals[ev.request_id].push_back(ev);
-    }
-  }
-  void run(int max_rounds = 10000) {
-    for (int i = 0; i < max_rounds && b.has_unfinished(); ++i) round();
-    EXPECT_FALSE(b.has_unfinished());
-  }
-  std::vector<int32_t> expected(uint64_t id, int32_t prompt, int32_t n) const {
-    std::vector<int32_t> v;
-    for (int32_t k = 0; k < n; ++k) v.push_back(script(id, prompt + k));
-    return v;
-  }
-
-  Batcher b;
-  int64_t now = 0;
-  std::map<uint64_t, SequenceTable> tables;
-  std::map<uint64_t, std::deque<StepResult>> pending;
-  std::map<uint64_t, int> plans;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, std::vector<RequestEvent>> finals;
-};
+using test::worker_options;
 
 TEST(Batcher, RoundRobinAlternatesAndEveryRequestFinishes) {
   BatcherOptions o;

@@ -145,6 +145,20 @@ TEST(MetricsCollector, StatusGivesPerWorkerGaugesAndCounters) {
   EXPECT_NE(text.find("node=\"host\\\"b\""), std::string::npos) << "label values are escaped";
 }
 
+// What the batcher counts of faults reaches /metrics.
+TEST(MetricsCollector, FaultCountersFromTheBatcher) {
+  MetricsCollector m({"gpt2", 1024});
+  actors::StatusReport st = two_workers();
+  st.batcher.counters = core::BatcherCounters{2, 1, 3, 40, 5000};
+  const std::string text = m.render(st);
+  auto reason = [](const char* r) { return std::string("{model_name=\"gpt2\",reason=\"") + r + "\"}"; };
+  EXPECT_EQ(sample(text, "troupe:workers_left_total" + reason("lost")), 2);
+  EXPECT_EQ(sample(text, "troupe:workers_left_total" + reason("hung")), 1);
+  EXPECT_EQ(sample(text, "troupe:workers_left_total" + reason("broken")), 3);
+  EXPECT_EQ(sample(text, "troupe:requests_moved_total{model_name=\"gpt2\"}"), 40);
+  EXPECT_EQ(sample(text, "troupe:tokens_recomputed_total{model_name=\"gpt2\"}"), 5000);
+}
+
 TEST(MetricsCollector, AVanishedClientIsForgottenItsRequestsCancelled) {
   MetricsCollector m({"gpt2", 1024});
   m.observe({"h1", transport::Accepted{1, 1}}, 0);

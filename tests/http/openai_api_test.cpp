@@ -118,6 +118,12 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
       {R"({"prompt": "a", "model": "gpt-4"})", 404, "model", "does not exist"},
       {R"([1, 2])", 400, "", "JSON object"},
       {R"({"prompt": )", 400, "", "not valid JSON"},
+      // Numbers past a double's range: a 400 naming where, not a 500 (nlohmann throws out_of_range).
+      {R"({"prompt": "a", "temperature": 1e999})", 400, "temperature", "the number 1e999 is out of range"},
+      {R"({"prompt": "a", "logit_bias": {"50256": -1e400}})", 400, "logit_bias.50256",
+       "-1e400 is out of range"},
+      {R"({"prompt": [[1, 2], [3, 1e999]]})", 400, "prompt[1][1]", "out of range"},
+      {R"(1e999)", 400, "(the whole body)", "out of range"},
   };
   for (const Case& c : cases) {
     const ApiError e = bad(c.body);
