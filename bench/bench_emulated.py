@@ -67,15 +67,9 @@ def simulate(workers, rate, tag):
 
 
 def measure(workers, rate, tag):
-    head = procs.Head(T, a.model, work, tag, ["--workers", "0"], workers=0)
-    nodes = []
+    head, nodes = procs.emulated_cluster(T, a.model, work, tag, workers, a.per_node, a.cost, a.time_scale,
+                                         a.num_blocks)
     try:
-        for i in range(0, workers, a.per_node):
-            n = min(a.per_node, workers - i)
-            nodes.append(procs.Node(T, a.model, work, f"{tag}-n{i}", head,
-                                    ["--workers", str(n), "--emulate", a.cost, "--emulate-time-scale",
-                                     str(a.time_scale), "--num-blocks", str(a.num_blocks)]))
-        head.wait_workers(workers)
         out = work / f"bench-{tag}.json"
         cpu0 = procs.cpu_seconds(head.p.pid), sum(procs.cpu_seconds(n.p.pid) for n in nodes)
         t0 = time.monotonic()

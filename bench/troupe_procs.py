@@ -95,3 +95,23 @@ class Node:
     def stop(self):
         self.p.terminate()
         self.p.wait(timeout=120)
+
+
+def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks):
+    """A head alone and `workers` emulated workers (`troupe worker --emulate`), `per_node` to a node, all
+    joined: (head, nodes). Stop the nodes, then the head."""
+    head = Head(troupe, model, work, tag, ["--workers", "0"], workers=0)
+    nodes = []
+    try:
+        for i in range(0, workers, per_node):
+            n = min(per_node, workers - i)
+            nodes.append(Node(troupe, model, work, f"{tag}-n{i}", head,
+                              ["--workers", str(n), "--emulate", cost, "--emulate-time-scale", str(time_scale),
+                               "--num-blocks", str(num_blocks)]))
+        head.wait_workers(workers)
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        head.stop()
+        raise
+    return head, nodes

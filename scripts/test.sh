@@ -18,15 +18,15 @@ log "Release tests passed"
 if [ -n "${SKIP_SANITIZE:-}" ]; then exit 0; fi
 
 # ASan + UBSan on the unit tests: troupe's code instrumented, libtorch /
-# OpenBLAS / CAF not. The black-box suites (cli_tests, cluster_tests: real
-# processes on loopback, minutes each under ASan) ran above; here each unit
+# OpenBLAS / CAF not. The black-box suites (cli_tests, cluster_tests,
+# chaos_tests: real processes, minutes each under ASan) ran above; here each unit
 # test binary runs whole, in one process (one libtorch load, not one per
 # test), two binaries at a time.
 ASAN_DIR=${ASAN_BUILD_DIR:-$ROOT/build-asan}
 export CCACHE_DIR=${CCACHE_DIR:-$ASAN_DIR/.ccache}
 cmake -S "$ROOT" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=Release -DTROUPE_SANITIZE=ON >/dev/null
 mapfile -t targets < <(cmake --build "$ASAN_DIR" --target help | grep -oE '\b[a-z]+_tests\b' | sort -u \
-  | grep -vxE 'cli_tests|cluster_tests')
+  | grep -vxE 'cli_tests|cluster_tests|chaos_tests')
 log "building ${targets[*]} with -fsanitize=address,undefined in $ASAN_DIR"
 cmake --build "$ASAN_DIR" -j"$JOBS" --target "${targets[@]}"
 log "sanitizer build ready; running its tests"
