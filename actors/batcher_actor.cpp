@@ -19,6 +19,7 @@ struct BatcherState {
   std::unique_ptr<core::Batcher> core;
   std::map<uint64_t, worker_actor> workers;
   std::set<uint64_t> draining;  // workers told to drain: checked after each event until empty
+  std::set<caf::actor_addr> watched;  // worker handles monitored (each once)
   router_actor router;
   caf::actor membership;  // hears of the workers the batcher lets go (may be unset)
   bool timer_armed = false;
@@ -141,13 +142,14 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
                                      std::shared_ptr<core::StepLog> step_log) {
   self->state.core = std::make_unique<core::Batcher>(options);
   self->state.step_log = std::move(step_log);
+  // A worker actor that dies is a lost worker. (Remote workers share one
+  // handle, the gateway's: it is watched once, and its end loses them all.)
   self->set_down_handler([=](caf::down_msg& dm) {
-    for (const auto& [id, handle] : self->state.workers) {
-      if (handle.address() == dm.source) {
-        lose(self, id);
-        return;
-      }
-    }
+    self->state.watched.erase(dm.source);
+    std::vector<uint64_t> gone;
+    for (const auto& [id, handle] : self->state.workers)
+      if (handle.address() == dm.source) gone.push_back(id);
+    for (uint64_t id : gone) lose(self, id);
   });
   if (options.step_timeout_floor_ns > 0) self->delayed_send(self, kWatchdogInterval, watch_atom::value);
   return {
@@ -190,7 +192,7 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
       [=](wjoin_atom, core::WorkerSpec& spec, worker_actor handle) -> std::string {
         auto& st = self->state;
         if (auto err = st.core->add_worker(spec)) return *err;
-        self->monitor(handle);
+        if (st.watched.insert(handle.address()).second) self->monitor(handle);
         st.workers.emplace(spec.id, std::move(handle));
         tell_worker_count(self);
         pump(self, spec.id);

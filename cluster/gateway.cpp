@@ -13,16 +13,6 @@ namespace {
 using actors::worker_actor;
 using transport::Clock;
 
-// A remote worker as the batcher sees it: its plans go to the gateway, which
-// numbers and sends them.
-worker_actor::behavior_type proxy(worker_actor::pointer, caf::actor gateway) {
-  return {
-      [=](actors::plan_atom, uint64_t id, core::StepPlan& plan) {
-        caf::anon_send(gateway, actors::plan_atom::value, id, std::move(plan));
-      },
-  };
-}
-
 // A remote worker's step stream (transport/step_link.hpp).
 struct RemoteWorker {
   std::string peer;
@@ -35,8 +25,9 @@ struct GatewayState {
   GatewayConfig config;
   std::unique_ptr<Membership> members;
   actors::batcher_actor batcher;
-  // Local worker actors and remote workers' proxies, by worker id; shared
-  // with the exit hook that stops them with the gateway.
+  // Local worker actors, by worker id; shared with the exit hook that stops
+  // them with the gateway. (A remote worker's handle is the gateway itself:
+  // the batcher's plans for it come here, with its id, to be numbered and sent.)
   std::shared_ptr<std::map<uint64_t, worker_actor>> actors =
       std::make_shared<std::map<uint64_t, worker_actor>>();
   std::map<uint64_t, RemoteWorker> remote;  // by worker id
@@ -86,7 +77,7 @@ void stop_actor(Self self, uint64_t worker_id) {
 // Joins a worker to the batcher; a refusal is logged and the worker stopped.
 void join(Self self, const core::WorkerSpec& spec, worker_actor handle) {
   auto& st = self->state;
-  st.actors->emplace(spec.id, handle);
+  if (handle.address() != self->address()) st.actors->emplace(spec.id, handle);
   const uint64_t id = spec.id;
   self->request(st.batcher, std::chrono::seconds(30), actors::wjoin_atom::value, spec, handle)
       .then(
@@ -94,10 +85,12 @@ void join(Self self, const core::WorkerSpec& spec, worker_actor handle) {
             if (err.empty()) return;
             log(self, "worker " + std::to_string(id) + " not added: " + err);
             stop_actor(self, id);
+            self->state.remote.erase(id);
           },
           [=](caf::error& e) {
             log(self, "worker " + std::to_string(id) + " not added: " + self->system().render(e));
             stop_actor(self, id);
+            self->state.remote.erase(id);
           });
 }
 
@@ -109,11 +102,8 @@ void spawn_local(Self self, size_t entry, uint64_t id) {
   join(self, core::WorkerSpec{id, "local", lw.device, st.config.worker_template, make_step_cost(lw.cost)}, w);
 }
 
-// A remote worker is gone from the batcher's view: its proxy and stream too.
-void drop_remote(Self self, uint64_t worker_id) {
-  stop_actor(self, worker_id);
-  self->state.remote.erase(worker_id);
-}
+// A remote worker is gone from the batcher's view: its stream too.
+void drop_remote(Self self, uint64_t worker_id) { self->state.remote.erase(worker_id); }
 
 void lose(Self self, uint64_t worker_id) {
   drop_remote(self, worker_id);
@@ -155,7 +145,7 @@ void on_register(Self self, const std::string& peer, const transport::Register& 
     RemoteWorker& link = st.remote[w.worker_id];
     link.peer = peer;
     link.index = w.info.index;
-    join(self, spec, self->spawn(proxy, caf::actor_cast<caf::actor>(self)));
+    join(self, spec, caf::actor_cast<worker_actor>(self));
   }
   log(self, "node '" + reg.node + "' joined with " + std::to_string(joined.workers.size()) + " worker(s)");
   send(self, peer, joined.reply);
@@ -303,7 +293,7 @@ caf::behavior gateway(Self self, GatewayConfig config, actors::batcher_actor bat
   st.config = std::move(config);
   st.batcher = std::move(batcher);
   st.restarts.assign(st.config.local.size(), 0);
-  self->attach_functor([actors = st.actors] {  // the workers and proxies leave with the gateway
+  self->attach_functor([actors = st.actors] {  // the local workers leave with the gateway
     for (auto& [id, a] : *actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   });
   for (size_t i = 0; i < st.config.local.size(); ++i) spawn_local(self, i, i + 1);

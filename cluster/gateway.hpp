@@ -2,13 +2,14 @@
 // The head's side of the workers: the gateway actor owns every worker the
 // batcher drives. Local workers (threads of the head) it spawns, joins and
 // restarts; worker nodes register, heartbeat, receive plans and send results
-// on the backend socket, and each of their workers is a proxy actor to the
-// batcher (a worker_actor like the local ones: the batcher cannot tell them
-// apart). The gateway keeps the Membership core and each remote worker's
-// step stream whole across lost frames (transport/step_link.hpp).
+// on the backend socket, and each of their workers is, to the batcher, a
+// worker_actor handle to the gateway itself (plans come with the worker's
+// id): the batcher cannot tell them from the local ones. The gateway keeps
+// the Membership core and each remote worker's step stream whole across
+// lost frames (transport/step_link.hpp).
 //
 //   node ──frames──▶ backend SocketLoop thread ──(frame, peer, Message)──▶ gateway ──(wjoin|wlost|wdrain|
-//   result)──▶ batcher batcher ──(plan)──▶ proxy ──(plan)──▶ gateway ──Plan frame──▶ node
+//   result)──▶ batcher batcher ──(plan, worker id)──▶ gateway ──Plan frame──▶ node
 //   batcher ──(wleft: drained|hung|broken)──▶ gateway: stop, restart (local) or reset/shutdown (node)
 //
 // A worker the batcher found hung (a step past its deadline) is fenced there

@@ -209,7 +209,6 @@ void SocketLoop::Impl::poll_forever() {
     items.clear();
     if (zap_socket) items.push_back({zap_socket->handle(), 0, ZMQ_POLLIN, 0});
     for (auto& s : slots) items.push_back({s.socket->handle(), 0, ZMQ_POLLIN, 0});
-    for (auto& s : slots) items.push_back({s.monitor->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, wakeup, ZMQ_POLLIN, 0});
 
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - Clock::now());
@@ -221,8 +220,6 @@ void SocketLoop::Impl::poll_forever() {
     const auto n = static_cast<SocketId>(slots.size());
     for (SocketId id = 0; id < n; ++id)
       if (items[k++].revents & ZMQ_POLLIN) read_socket(id);
-    for (SocketId id = 0; id < n; ++id)
-      if (items[k++].revents & ZMQ_POLLIN) read_monitor(id);
     if (items[k].revents & ZMQ_POLLIN) {
       uint64_t count = 0;
       (void)!::read(wakeup, &count, sizeof count);  // to 0 before the swap: a later send wakes the next poll
@@ -232,6 +229,11 @@ void SocketLoop::Impl::poll_forever() {
     const auto now = Clock::now();
     if (now >= next_tick) {
       next_tick = now + tick;
+      // Socket events (handshakes, connections) are read once a tick, not in
+      // the poll set: each socket polled costs every wakeup a few syscalls,
+      // and an event a tick late is soon enough for a log line or a client
+      // that gives up on a failed handshake.
+      for (SocketId id = 0; id < n; ++id) read_monitor(id);
       call("on_tick", tick_handler, now);
     }
   }
@@ -539,9 +541,13 @@ bool SocketLoop::send(SocketId socket, std::string peer, std::string body) {
     }
     if (!impl_->running) return false;
     if (room()) {
+      // Only the first frame into an empty outbox wakes the loop: it takes
+      // the whole outbox at once, and a frame pushed after it took it finds
+      // the outbox empty again (the check and the swap share the mutex).
+      const bool first = impl_->outbox.empty();
       impl_->outbox.push_back({Impl::Command::kSend, socket, std::move(peer), std::move(body)});
       lock.unlock();
-      impl_->wake();
+      if (first) impl_->wake();
       return true;
     }
   }

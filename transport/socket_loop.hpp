@@ -6,7 +6,7 @@
 //                                                        │ loop thread │
 //   on_frame(Frame&&) ◀── (called on the loop thread) ◀── │ zmq_poll    │ ◀── peers
 //   on_tick(now)      ◀── every tick_interval ◀────────── └─────────────┘
-//   on_socket_event   ◀── each socket's monitor (inproc PAIR, polled too)
+//   on_socket_event   ◀── each socket's monitor (inproc PAIR, read every tick)
 //
 // Rules it keeps (ZeroMQ guide; caf-0.17 notes §11):
 // - A socket is touched only by the loop thread: sockets are created, bound

@@ -130,6 +130,29 @@ TEST(Resilience, LostFramesBetweenHeadAndNodeAreResentNotFatal) {
   EXPECT_EQ(node.log().find("registering again"), std::string::npos) << node.log();
 }
 
+// The head's worker-socket thread stalls twice, each time for half the
+// node's liveness window (frames from the node wait unread, the head sends
+// nothing meanwhile): no worker is lost or repeated, the node stays a member,
+// the jobs finish with the reference tokens.
+TEST(Resilience, ADelayedHeadWithinTheLivenessWindowLosesNothing) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 16, 24, 16);
+  const auto ref = reference(dir, jobs);
+  FailingHead head(dir, "head", "head.recv=delay(1500)@5;head.recv=delay(1500)@20", {"--workers", "0"});
+  auto node = start_worker(dir, head, "patient");
+  ASSERT_TRUE(head.wait_workers(1)) << head.proc->log();
+  submit_and_check(dir, head, jobs, ref, 16, head.proc->log() + node->log());
+  EXPECT_NE(head.proc->log().find("head.recv fired: delay(1500) (hit 20)"), std::string::npos)
+      << head.proc->log();
+  auto st = head.status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->workers_lost + st->workers_hung + st->workers_broken, 0u) << head.proc->log();
+  ASSERT_EQ(st->workers.size(), 1u);
+  EXPECT_EQ(st->workers[0].id, 1u);
+  EXPECT_EQ(node->log().find("registering again"), std::string::npos) << node->log();
+}
+
 // The thread that reads the clients' socket stalls for longer than a worker
 // node's liveness window (the failpoint stands for a flood of client frames
 // to decode): the workers' frames are read on a thread of their own, so no
