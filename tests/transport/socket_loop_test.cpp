@@ -345,16 +345,23 @@ TEST(SocketLoop, PeerThatVanishesLosesItsBacklogReportedOnce) {
   EXPECT_TRUE(r.server.logs.contains("dropped: the peer is gone"));
 }
 
-// Blocks `loop`'s thread in its first tick until `release` is set.
+// Blocks `loop`'s thread in its first tick until release(). The state is
+// shared with the loop's handler, which may still be returning from its wait
+// when the test (and this object) ends.
 struct StuckLoop {
+  struct State {
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::atomic<bool> stuck{false};
+  };
   explicit StuckLoop(SocketLoop& loop) {
-    loop.on_tick([this](Clock::time_point) {
-      if (!stuck.exchange(true)) released.wait();
+    loop.on_tick([state = state](Clock::time_point) {
+      if (!state->stuck.exchange(true)) state->released.wait();
     });
   }
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<bool> stuck{false};
+  void release() { state->release.set_value(); }
+  bool stuck() const { return state->stuck.load(); }
+  std::shared_ptr<State> state = std::make_shared<State>();
 };
 
 TEST(SocketLoop, FullOutboxMakesTheSenderWaitNotDrop) {
@@ -366,7 +373,7 @@ TEST(SocketLoop, FullOutboxMakesTheSenderWaitNotDrop) {
   Endpoint client(client_of(server.loop.endpoint(server.id)), o);
   StuckLoop stuck(client.loop);
   client.loop.start();
-  ASSERT_TRUE(wait_until([&] { return stuck.stuck.load(); }));
+  ASSERT_TRUE(wait_until([&] { return stuck.stuck(); }));
   std::atomic<int> taken{0};
   std::thread sender([&] {
     for (uint64_t i = 0; i < 20; ++i)
@@ -374,7 +381,7 @@ TEST(SocketLoop, FullOutboxMakesTheSenderWaitNotDrop) {
   });
   ASSERT_TRUE(wait_until([&] { return client.loop.stats().outbox_waits >= 1; }));
   EXPECT_EQ(taken, 8) << "the ninth waits for room";
-  stuck.release.set_value();
+  stuck.release();
   sender.join();
   EXPECT_EQ(taken, 20);
   for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(std::get<Cancel>(server.next()).tag, i);
@@ -388,14 +395,14 @@ TEST(SocketLoop, OutboxFullPastTheWaitRefusesWithALogLine) {
   Endpoint client(client_of("tcp://127.0.0.1:9"), o);
   StuckLoop stuck(client.loop);
   client.loop.start();
-  ASSERT_TRUE(wait_until([&] { return stuck.stuck.load(); }));
+  ASSERT_TRUE(wait_until([&] { return stuck.stuck(); }));
   EXPECT_TRUE(client.loop.send(client.id, "", "a"));
   EXPECT_TRUE(client.loop.send(client.id, "", "b"));
   EXPECT_FALSE(client.loop.send(client.id, "", "c")) << "the loop takes nothing while stuck";
   EXPECT_EQ(client.loop.stats().undeliverable, 1u);
   EXPECT_EQ(client.loop.stats().outbox_waits, 1u);
   EXPECT_TRUE(client.logs.contains("client: outbox full (2 frames) for 1 ms: frame dropped"));
-  stuck.release.set_value();
+  stuck.release();
 }
 
 // A handler on the loop thread that finds the outbox full is refused at
