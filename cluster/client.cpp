@@ -28,8 +28,9 @@ Client::Client(const ClientOptions& o) : loop_(loop_options(o)) {
   // not the head's, keys on one side only) comes to the caller as an untagged
   // error at once, instead of a silence that lasts until its timeout.
   const std::string endpoint = o.endpoint;
-  loop_.on_socket_event([this, endpoint](transport::SocketId, const transport::SocketEvent& e) {
-    if (e.kind != transport::SocketEvent::kHandshakeFailed) return;
+  loop_.on_socket_event([this, endpoint, verdict = transport::HandshakeVerdict()](
+                            transport::SocketId, const transport::SocketEvent& e) mutable {
+    if (!verdict.give_up(e)) return;
     inbox_.push(transport::Error{
         transport::ErrorCode::kUnexpected,
         "the CurveZMQ handshake with the head at " + endpoint + " failed: " + e.reason, std::nullopt});

@@ -273,7 +273,7 @@ node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport
         send_body(self, std::move(body));
       },
       [=](frame_atom, const std::string&, transport::Message& m) { on_frame(self, m); },
-      [=](handshake_atom, const std::string& reason) {
+      [=](handshake_atom, const std::string& reason) {  // a certain failure, or three in a row
         auto& s = self->state;
         const std::string what = "the CurveZMQ handshake with the head at " + s.join + " failed: " + reason;
         if (s.ever_member) return s.loop->log("node: " + what);  // the head's keys changed? it retries
@@ -386,9 +386,10 @@ int run_node(const NodeOptions& o) {
       loop, [gw](transport::SocketId, const std::string& peer, transport::Message&& m) {
         caf::anon_send(gw, frame_atom::value, peer, std::move(m));
       }));
-  loop.on_socket_event([gw](transport::SocketId, const transport::SocketEvent& e) {
-    if (e.kind == transport::SocketEvent::kHandshakeFailed) caf::anon_send(gw, handshake_atom::value, e.reason);
-  });
+  loop.on_socket_event(
+      [gw, verdict = transport::HandshakeVerdict()](transport::SocketId, const transport::SocketEvent& e) mutable {
+        if (verdict.give_up(e)) caf::anon_send(gw, handshake_atom::value, e.reason);
+      });
   loop.start();
   if (!o.quiet) {
     std::cerr << "troupe worker: node '" << reg.node << "' with " << devices.size() << " worker(s), "

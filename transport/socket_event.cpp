@@ -101,7 +101,10 @@ std::optional<SocketEvent> socket_event(uint16_t event, uint32_t value, std::str
   SocketEvent e{SocketEvent::kHandshakeFailed, std::move(address), ""};
   for (const auto& [zmq_event, kind] : connection)
     if (zmq_event == event) e.kind = kind;
-  if (e.kind == SocketEvent::kHandshakeFailed) e.reason = failure(event, value, server, curve);
+  if (e.kind == SocketEvent::kHandshakeFailed) {
+    e.reason = failure(event, value, server, curve);
+    e.certain = event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+  }
   return e;
 }
 

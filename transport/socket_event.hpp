@@ -38,6 +38,29 @@ struct SocketEvent {
   } kind = kConnected;
   std::string address;  // see above
   std::string reason;   // kHandshakeFailed: why, in plain words; else empty
+  // kHandshakeFailed: the cause will not pass by itself (refused by ZAP, a
+  // mechanism mismatch, a cryptographic error). False for a broken pipe
+  // during the handshake, which a flaky link or a peer restarting also makes.
+  bool certain = false;
+};
+
+// Whether a client should give up on its server's handshake: at once after
+// a certain failure, or after `max_uncertain` failures in a row with no
+// handshake succeeding between them (a keyless client of a CurveZMQ server
+// sees broken pipes as often as mismatches; a flaky link sees one, then a
+// success). Feed it every event of the socket.
+class HandshakeVerdict {
+ public:
+  explicit HandshakeVerdict(int max_uncertain = 3) : max_uncertain_(max_uncertain) {}
+  bool give_up(const SocketEvent& e) {
+    if (e.kind == SocketEvent::kHandshakeSucceeded) uncertain_ = 0;
+    if (e.kind != SocketEvent::kHandshakeFailed) return false;
+    return e.certain || ++uncertain_ >= max_uncertain_;
+  }
+
+ private:
+  int max_uncertain_;
+  int uncertain_ = 0;
 };
 
 const char* to_string(SocketEvent::Kind kind);  // "connected", "handshake failed", ...

@@ -354,7 +354,12 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
   EXPECT_LT(peak, rss_bound_kib) << "head peak RSS " << peak << " KiB";
 
   // The head and the nodes still serve.
-  ASSERT_TRUE(head.wait_workers(2)) << head.proc->log();
+  auto tail = [](const std::string& log) { return log.size() > 4000 ? log.substr(log.size() - 4000) : log; };
+  ASSERT_TRUE(head.wait_workers(2)) << "head:\n"
+                                    << tail(head.proc->log()) << "\nn1 (start " << n1.starts << "):\n"
+                                    << tail(n1.proc->log()) << "\nn2 (start " << n2.starts << "):\n"
+                                    << tail(n2.proc->log()) << "\nschedule:\n"
+                                    << schedule.str();
   Wave last;
   last.jobs = dir.file("last.jsonl");
   {

@@ -73,3 +73,35 @@ TEST(SocketEvent, AuthenticationAndOtherProtocolErrors) {
 
 }  // namespace
 }  // namespace troupe::transport
+
+namespace troupe::transport {
+namespace {
+
+// A client gives up at once on a failure that will not pass, after three
+// broken pipes in a row otherwise; a handshake that succeeds between them
+// starts the count over (a flaky link, a server restarting).
+TEST(HandshakeVerdict, CertainAtOnceUncertainThreeInARow) {
+  SocketEvent pipe{SocketEvent::kHandshakeFailed, "tcp://h:1", "broken pipe", false};
+  SocketEvent refused{SocketEvent::kHandshakeFailed, "tcp://h:1", "key not allowed", true};
+  SocketEvent ok{SocketEvent::kHandshakeSucceeded, "tcp://h:1", "", false};
+  SocketEvent retried{SocketEvent::kConnectRetried, "tcp://h:1", "", false};
+  HandshakeVerdict v;
+  EXPECT_TRUE(v.give_up(refused));
+  HandshakeVerdict flaky;
+  EXPECT_FALSE(flaky.give_up(pipe));
+  EXPECT_FALSE(flaky.give_up(retried));
+  EXPECT_FALSE(flaky.give_up(pipe));
+  EXPECT_FALSE(flaky.give_up(ok));
+  EXPECT_FALSE(flaky.give_up(pipe));
+  EXPECT_FALSE(flaky.give_up(pipe));
+  EXPECT_TRUE(flaky.give_up(pipe)) << "three in a row";
+  // What libzmq reports, as certain or not.
+  EXPECT_FALSE(socket_event(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, EPIPE, "a", false, true)->certain);
+  EXPECT_TRUE(socket_event(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, 400, "a", false, true)->certain);
+  EXPECT_TRUE(socket_event(ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL, ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH,
+                           "a", false, false)
+                  ->certain);
+}
+
+}  // namespace
+}  // namespace troupe::transport
