@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -151,12 +152,23 @@ inline std::unique_ptr<Process> start_submit(const TempDir& dir, const Head& hea
 // A network namespace with its own veth pair: a host as far as the network
 // goes. Addresses from the benchmarking range 198.18.0.0/15; traffic stays on
 // the pair this test made. Removed (with the pair) when the object dies.
+//
+// A test that was killed leaves its namespaces and links behind (a machine
+// restored from a snapshot keeps them too), with their addresses: a new pair
+// on the same /30 would lose its packets to the old route. So the
+// constructor first removes what dead test processes left, then takes the
+// first /30 from `net` on that no interface of this host uses.
 struct NetNs {
-  // `net` (0..255): the third byte of its addresses, and part of its names (several at once).
+  // `net` (0..255): where the search for a free third byte of the addresses starts.
   explicit NetNs(int net) {
-    const std::string id = std::to_string(getpid() % 100000) + "n" + std::to_string(net);
+    sweep_leftovers();
+    const std::string in_use = run_command("ip -o -4 addr show", false).output;
+    for (int tries = 0; tries < 256; ++tries, net = (net + 1) % 256) {
+      if (in_use.find(" 198.18." + std::to_string(net) + ".") == std::string::npos) break;
+    }
+    const std::string id = std::to_string(getpid()) + "n" + std::to_string(net);
     name = "troupe-" + id;
-    host_if = "tvh" + id;
+    host_if = "tvh" + id;  // at most 3 + 7 + 4 characters: under IFNAMSIZ
     ns_if = "tvn" + id;
     host_ip = "198.18." + std::to_string(net) + ".1";
     ns_ip = "198.18." + std::to_string(net) + ".2";
@@ -183,6 +195,30 @@ struct NetNs {
     run_command("ip netns del " + name);
     run_command("ip link del " + host_if);
   }
+  NetNs(const NetNs&) = delete;
+  NetNs& operator=(const NetNs&) = delete;
+
+  // Namespaces `troupe-<pid>n<net>` and links `tvh<pid>n<net>` whose process is gone.
+  static void sweep_leftovers() {
+    auto owner_gone = [](const std::string& name, const std::string& prefix) {
+      if (name.rfind(prefix, 0) != 0) return false;
+      const size_t n = name.find('n', prefix.size());
+      if (n == std::string::npos || n == prefix.size()) return false;
+      const std::string pid = name.substr(prefix.size(), n - prefix.size());
+      if (pid.find_first_not_of("0123456789") != std::string::npos) return false;
+      return access(("/proc/" + pid).c_str(), F_OK) != 0;
+    };
+    std::istringstream namespaces(run_command("ip netns list", false).output);
+    for (std::string line; std::getline(namespaces, line);) {
+      const std::string ns = line.substr(0, line.find(' '));
+      if (owner_gone(ns, "troupe-")) run_command("ip netns del " + ns);
+    }
+    std::istringstream links(run_command("ls /sys/class/net", false).output);
+    for (std::string link; links >> link;) {
+      if (owner_gone(link, "tvh")) run_command("ip link del " + link);
+    }
+  }
+
   bool ok = false;
   std::string why_not, name, host_if, ns_if, host_ip, ns_ip;
 };
