@@ -5,6 +5,12 @@ greedy, all sent at once with at most C in flight. The binaries alternate (A B, 
 each run after a warm-up; output tokens/s per run and the ratio B / A of each pair.
 
   bench/bench_ab_http.py --a OLD/troupe --b build/troupe [--model models/gpt2] [--concurrency 16,64] [--reps 3]
+                         [--client bench|loadgen] [--peer-bench ../shared/peer-bench]
+
+`--client loadgen` sends the requests with the peer benchmarks' own client (peer-bench/loadgen_oai.py: a Python
+thread per request in flight, http.client, the prompts of make_prompts.py) instead of `troupe bench`. Each run
+also records the median TTFT and the serving process's CPU seconds per output token (/proc/PID/stat: the
+worker's forward passes included).
 
 Name the CPU beside the numbers.
 """
@@ -26,6 +32,8 @@ ap.add_argument("--b", required=True, help="the binary measured against it")
 ap.add_argument("--model", default="models/gpt2")
 ap.add_argument("--concurrency", default="16,64")
 ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--client", choices=["bench", "loadgen"], default="bench")
+ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "peer-bench"))
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 work = procs.work_dir(a.out, "bench-ab-http-")
@@ -50,9 +58,22 @@ def served(binary, tag, concurrency):
         procs.run([binary, "bench", "--base-url", url, "--quiet", "--num-requests", "8", "--request-rate", "inf",
                    "--random-input-len", "60", "--random-output-len", "16", "--seed", "1"])  # warm-up
         out = work / f"bench-{tag}.json"
-        procs.run([binary, "bench", "--base-url", url, "--quiet", "--max-concurrency", str(concurrency), "--json",
-                   str(out)] + WORKLOAD)
-        return json.load(open(out))["output_throughput"]
+        cpu0 = procs.cpu_seconds(p.pid)
+        if a.client == "loadgen":
+            prompts = work / "prompts" / "prompts.json"
+            if not prompts.exists():
+                procs.run([sys.executable, str(Path(a.peer_bench) / "make_prompts.py"), str(prompts.parent)])
+            procs.run([sys.executable, str(Path(a.peer_bench) / "loadgen_oai.py"), "--base", url, "--prompts",
+                       str(prompts), "--concurrency", str(concurrency), "--max-tokens", "128", "--json", str(out)])
+            r = json.load(open(out))
+            tok_s, ttft, tokens = r["output_tok_s"], r["median_ttft_ms"], r["ok"] * 128
+        else:
+            procs.run([binary, "bench", "--base-url", url, "--quiet", "--max-concurrency", str(concurrency),
+                       "--json", str(out)] + WORKLOAD)
+            r = json.load(open(out))
+            tok_s, ttft, tokens = r["output_throughput"], r["median_ttft_ms"], r["total_output_tokens"]
+        cpu = procs.cpu_seconds(p.pid) - cpu0
+        return dict(tok_s=tok_s, ttft_ms=ttft, cpu_ms_per_token=1e3 * cpu / max(tokens, 1))
     finally:
         p.terminate()
         p.wait(timeout=300)
@@ -63,17 +84,24 @@ for c in [int(x) for x in a.concurrency.split(",")]:
     for rep in range(a.reps):
         order = [("a", a.a), ("b", a.b)] if rep % 2 == 0 else [("b", a.b), ("a", a.a)]
         got = {name: served(binary, f"{name}-c{c}-r{rep}", c) for name, binary in order}
-        rows.append(dict(concurrency=c, rep=rep, a=got["a"], b=got["b"], ratio=got["b"] / got["a"]))
+        rows.append(dict(concurrency=c, rep=rep, a=got["a"], b=got["b"], ratio=got["b"]["tok_s"] / got["a"]["tok_s"],
+                         ttft_ratio=got["b"]["ttft_ms"] / got["a"]["ttft_ms"]))
         procs.log(json.dumps(rows[-1]))
 
-print(f"CPU: {procs.cpu_name()}; A = {a.a}, B = {a.b}; 64 x (56-64 + 128) greedy over HTTP, serve --workers 1 "
-      f"--threads-per-worker 2; {a.reps} pairs, order alternating")
-print("| in flight | A output tok/s | B output tok/s | B / A per pair | median B / A |")
-print("|---:|---|---|---|---:|")
+client = "peer-bench/loadgen_oai.py" if a.client == "loadgen" else "troupe bench"
+print(f"CPU: {procs.cpu_name()}; A = {a.a}, B = {a.b}; 64 x (56-64 + 128) greedy streamed over HTTP by {client}, "
+      f"serve --workers 1 --threads-per-worker 2; {a.reps} pairs, order alternating")
+print("| in flight | A output tok/s | B output tok/s | B / A tok/s (median) | A median TTFT ms | B median TTFT ms "
+      "| B / A TTFT (median) | A, B serve CPU ms per token |")
+print("|---:|---|---|---:|---|---|---:|---|")
+med = statistics.median
 for c in sorted({r["concurrency"] for r in rows}):
     rs = [r for r in rows if r["concurrency"] == c]
-    a_s = ", ".join(f"{r['a']:.0f}" for r in rs)
-    b_s = ", ".join(f"{r['b']:.0f}" for r in rs)
-    ratios = ", ".join(f"{r['ratio']:.3f}" for r in rs)
-    print(f"| {c} | {a_s} | {b_s} | {ratios} | {statistics.median(r['ratio'] for r in rs):.3f} |")
+    a_tok = ", ".join(f"{r['a']['tok_s']:.0f}" for r in rs)
+    b_tok = ", ".join(f"{r['b']['tok_s']:.0f}" for r in rs)
+    a_ttft = ", ".join(f"{r['a']['ttft_ms']:.0f}" for r in rs)
+    b_ttft = ", ".join(f"{r['b']['ttft_ms']:.0f}" for r in rs)
+    cpu = f"{med(r['a']['cpu_ms_per_token'] for r in rs):.2f}, {med(r['b']['cpu_ms_per_token'] for r in rs):.2f}"
+    print(f"| {c} | {a_tok} | {b_tok} | {med(r['ratio'] for r in rs):.3f} | {a_ttft} | {b_ttft} | "
+          f"{med(r['ttft_ratio'] for r in rs):.3f} | {cpu} |")
 json.dump(rows, open(work / "ab_http.json", "w"), indent=1)

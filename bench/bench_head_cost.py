@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """The head's own CPU per generated token as the cluster grows: a real `troupe serve --workers 0` head,
 emulated workers (`troupe worker --emulate COST.json`: the whole protocol, no model; 16 per node) and
-`troupe bench` over ZeroMQ keeping every worker busy. Head CPU = user + system seconds of the head process
+`troupe bench` over ZeroMQ (or, with `--front http`, streamed over the HTTP front) keeping every worker busy. Head CPU = user + system seconds of the head process
 (/proc/PID/stat) over the run, divided by the output tokens. Two binaries can be compared side by side:
 `--troupe-old` runs alternately with `--troupe` (these machines are noisy: pairs, not one of each).
 
   bench/bench_head_cost.py [--troupe build/troupe] [--troupe-old OLD/troupe] [--model models/gpt2]
                            [--workers 1,8,64] [--rounds 3] [--num-requests 256] [--time-scale 0.1]
+                           [--front zmq|http] [--in-flight-per-worker 16]
 
 Name the CPU beside the numbers: the head, the nodes and the client share it.
 """
@@ -33,6 +34,8 @@ ap.add_argument("--input-len", type=int, default=64)
 ap.add_argument("--output-len", type=int, default=64)
 ap.add_argument("--time-scale", type=float, default=0.1)
 ap.add_argument("--num-blocks", type=int, default=2048)
+ap.add_argument("--front", choices=["zmq", "http"], default="zmq")
+ap.add_argument("--in-flight-per-worker", type=int, default=16)
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 work = procs.work_dir(a.out, "bench-head-cost-")
@@ -40,13 +43,16 @@ work = procs.work_dir(a.out, "bench-head-cost-")
 
 def measure(troupe, workers, tag):
     head, nodes = procs.emulated_cluster(troupe, a.model, work, tag, workers, a.per_node, a.cost, a.time_scale,
-                                         a.num_blocks)
+                                         a.num_blocks,
+                                         ["--http", "127.0.0.1:0"] if a.front == "http" else [])
     try:
         out = work / f"bench-{tag}.json"
-        requests = max(a.num_requests, 16 * workers)
+        in_flight = a.in_flight_per_worker * workers
+        requests = max(a.num_requests, in_flight)
+        target = ["--base-url", head.http] if a.front == "http" else ["--to", head.to]
         cpu0, t0 = procs.cpu_seconds(head.p.pid), time.monotonic()
-        procs.run([troupe, "bench", "--to", head.to, "--request-rate", "inf", "--max-concurrency",
-                   str(16 * workers), "--num-requests", str(requests), "--random-input-len", str(a.input_len),
+        procs.run([troupe, "bench"] + target + ["--request-rate", "inf", "--max-concurrency",
+                   str(in_flight), "--num-requests", str(requests), "--random-input-len", str(a.input_len),
                    "--random-output-len", str(a.output_len), "--range-ratio", "0.5", "--seed", "1",
                    "--json", str(out)])
         cpu, wall = procs.cpu_seconds(head.p.pid) - cpu0, time.monotonic() - t0
@@ -70,8 +76,8 @@ for w in [int(x) for x in a.workers.split(",")]:
             procs.log(name, w, json.dumps(r))
 
 print(f"CPU: {procs.cpu_name()} (head, emulated nodes and bench client on it); {a.cost} x {a.time_scale}; "
-      f"max(256, 16 x workers) requests, input {a.input_len}, output {a.output_len} (range 0.5), 16 in flight "
-      f"per worker; {a.rounds} rounds, binaries alternating; median (min-max)")
+      f"max({a.num_requests}, {a.in_flight_per_worker} x workers) requests over {a.front}, input {a.input_len}, "
+      f"output {a.output_len} (range 0.5), {a.in_flight_per_worker} in flight per worker; {a.rounds} rounds, binaries alternating; median (min-max)")
 cols = " | ".join(f"{n}: head CPU µs per token" for n, _ in binaries)
 print(f"| workers | {cols} | head CPU use (new) | output tok/s (new) |")
 print("|---:|" + "---:|" * (len(binaries) + 2))

@@ -61,6 +61,8 @@ class Head:
         text = ready.read_text()
         self.to = re.search(r"^listen=(\S+)", text, re.M).group(1)
         self.worker_listen = re.search(r"^worker_listen=(\S+)", text, re.M).group(1)
+        http = re.search(r"^http=(\S+)", text, re.M)
+        self.http = "http://" + http.group(1) if http else None  # with --http
         if workers is None:
             workers = int(extra[extra.index("--workers") + 1]) if "--workers" in extra else 1
         self.wait_workers(workers)
@@ -97,10 +99,10 @@ class Node:
         self.p.wait(timeout=120)
 
 
-def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks):
-    """A head alone and `workers` emulated workers (`troupe worker --emulate`), `per_node` to a node, all
-    joined: (head, nodes). Stop the nodes, then the head."""
-    head = Head(troupe, model, work, tag, ["--workers", "0"], workers=0)
+def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks, head_extra=()):
+    """A head alone (with `head_extra` flags) and `workers` emulated workers (`troupe worker --emulate`),
+    `per_node` to a node, all joined: (head, nodes). Stop the nodes, then the head."""
+    head = Head(troupe, model, work, tag, ["--workers", "0"] + list(head_extra), workers=0)
     nodes = []
     try:
         for i in range(0, workers, per_node):

@@ -211,8 +211,28 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
                     "are cancelled (0 = no limit)")
         ->check(non_negative_number());
     sub->add_option("--http-threads", h.http.threads,
-                    "HTTP: connections served at once; more wait to be accepted")
-        ->check(CLI::Range(4, 4096));
+                    "HTTP: event-loop threads serving every connection and stream (2; before the event loop "
+                    "this was the number of connections served at once, and larger values still parse)")
+        ->check(CLI::Range(1, 4096));
+    sub->add_option("--http-max-connections", h.http.max_connections,
+                    "HTTP: connections open at once (4096); past it a new one gets 503 with Retry-After and "
+                    "is closed")
+        ->check(CLI::Range(1, 1 << 20));
+    sub->add_option("--http-max-header-bytes", h.http.max_header_bytes,
+                    "HTTP: a request line and header over this many bytes get 431 (16384)")
+        ->check(CLI::Range(size_t{1024}, size_t{1} << 20));
+    sub->add_option("--http-max-body-bytes", h.http.max_body_bytes,
+                    "HTTP: a request body over this many bytes gets 413, before it is read (16 MiB)")
+        ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+    sub->add_option("--http-header-timeout", h.http.header_timeout_s,
+                    "HTTP: seconds a request's header may take from its first byte (5); then 408")
+        ->check(CLI::Range(1, 3600));
+    sub->add_option("--http-body-timeout", h.http.body_timeout_s,
+                    "HTTP: seconds a request's body may take after its header (30); then 408")
+        ->check(CLI::Range(1, 3600));
+    sub->add_option("--http-keep-alive", h.http.keep_alive_s,
+                    "HTTP: seconds an idle kept-alive connection stays open (5)")
+        ->check(CLI::Range(1, 3600));
     sub->add_option("--ready-file", h.ready_file, "Write the bound endpoints here once serving");
     sub->add_flag("--quiet", h.quiet, "No log lines");
     add_curve_server_flags(sub, *f);

@@ -1,6 +1,7 @@
 #pragma once
-// The HTTP front: an OpenAI-compatible server (cpp-httplib, the library
-// llama.cpp's server uses) beside the ZeroMQ front, on the same router.
+// The HTTP front: an OpenAI-compatible server beside the ZeroMQ front, on the
+// same router, on Boost.Beast and Boost.Asio: a few event-loop threads serve
+// every connection, streams included (no thread per request or stream).
 //
 //   POST /v1/completions        jobs to the router; a JSON response, or
 //                               Server-Sent Events (stream: true)
@@ -9,15 +10,25 @@
 //   GET  /health                200 once a worker has joined, 503 before
 //   GET  /metrics               Prometheus text (cluster/metrics_collector.hpp)
 //
+// Limits come before reading: a connection's header must arrive whole
+// within --http-header-timeout (408) and fit --http-max-header-bytes (431);
+// the route and the API key are checked on the header alone (404, 401), and
+// a declared body over --http-max-body-bytes is refused (413), all before a
+// byte of the body is read; the body must arrive within --http-body-timeout
+// (408). Past --http-max-connections a new connection gets a 503 with
+// Retry-After and is closed, never queued. Requests pipelined on one
+// connection are answered in order.
+//
 // Each HTTP request is a client of its own to the router, "h" + a counter,
 // so the head's sink can tell its replies from the ZeroMQ front's ("z...").
-// A request's handler runs on one of the server's threads and waits on a
-// mailbox that the router's sink fills; a streaming client that goes away is
-// noticed at the next write or within 100 ms of silence, and its jobs are
-// cancelled ("client gone": their KV is freed). docs/http.md has the details.
+// The sink posts a request's replies to its connection's strand. A client
+// that goes away is noticed on the connection itself: a failed write, or a
+// hang-up polled every 100 ms (a client that only half-closed is still
+// answered), and its jobs are cancelled ("client gone": their KV is freed).
+// docs/http.md has the details.
 //
-//   handler ──submit ×N──▶ router ──Accepted|Rejected──▶ mailbox ──▶ handler: 4xx/5xx, or
-//   handler ◀──Tokens, Finished── mailbox ◀── router        200 + JSON | SSE chunks, [DONE]
+//   connection ──submit ×N──▶ router ──Accepted|Rejected──▶ strand: 4xx/5xx, or
+//   connection ◀──Tokens, Finished── strand ◀── router      200 + JSON | SSE chunks, [DONE]
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,10 +40,6 @@ namespace troupe::model {
 class Tokenizer;
 }
 
-namespace httplib {
-class Server;
-}
-
 namespace troupe::cluster {
 
 class MetricsCollector;
@@ -41,12 +48,16 @@ struct HttpOptions {
   std::string listen;      // HOST:PORT ("127.0.0.1:8000", "[::1]:8000"); port 0 = any free port; "" = off
   std::string api_key;     // non-empty: /v1/* need "Authorization: Bearer <key>"
   bool insecure = false;   // allow a non-loopback bind without an api key
-  int32_t threads = 128;   // connections served at once (more wait to be accepted); >= 4
+  int32_t threads = 2;     // event-loop threads
   std::string model_name;  // the served model's name ("model" in requests and responses)
   int32_t max_model_len = 1024;              // reported by /v1/models
   int32_t max_queue = 1024;                  // the router's: a request of more sequences could never start
-  size_t max_body_bytes = size_t{16} << 20;  // larger request bodies get 413
-  int32_t keep_alive_s = 2;                  // an idle kept-alive connection is closed after this
+  int32_t max_connections = 4096;            // open at once; past it 503 + Retry-After, then closed
+  size_t max_header_bytes = 16384;           // a larger request line + header: 431
+  size_t max_body_bytes = size_t{16} << 20;  // larger request bodies get 413 (before being read)
+  int32_t header_timeout_s = 5;              // a header not whole after this: 408
+  int32_t body_timeout_s = 30;               // a body not whole after this (from its header's end): 408
+  int32_t keep_alive_s = 5;                  // an idle kept-alive connection is closed after this
   int32_t request_timeout_s =
       600;  // a non-streamed completion not done after this: 504, its jobs cancelled; 0 = none
 };
@@ -55,28 +66,6 @@ struct HttpOptions {
 // is not loopback and there is neither an api key nor `insecure`. An api
 // key authenticates but does not encrypt: put TLS in front for other hosts.
 void check_http_bind_security(const std::string& listen, bool has_api_key, bool insecure);
-
-// Debian's cpp-httplib is a compiled library (libcpp-httplib.so) that
-// listens with an accept backlog of 5 whatever CPPHTTPLIB_LISTEN_BACKLOG says
-// where it is included, and sets SO_REUSEPORT, so a second server on the same
-// port would bind too and take half of the connections. A burst of connects
-// (a client opening 16 streams at once) overflows 5: the kernel drops the
-// handshakes' last ACKs and the clients wait 1 s for a retransmission. This
-// sets SO_REUSEADDR alone (a port in use is an error; a restart is not), and
-// after_bind() raises the bound socket's backlog (listen again: Linux
-// updates the queue's length).
-class ListenBacklog {
- public:
-  // Before binding `server`.
-  explicit ListenBacklog(httplib::Server& server, int backlog = 1024);
-  // After a successful bind; std::runtime_error if the socket is unknown or
-  // listen() fails.
-  void after_bind() const;
-
- private:
-  std::shared_ptr<int> fd_;
-  int backlog_;
-};
 
 class HttpFront {
  public:

@@ -24,7 +24,7 @@ PACKAGES=(
   libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
   libspdlog-dev libfmt-dev libcurl4-openssl-dev libxxhash-dev iproute2
-  libyaml-cpp-dev libcpp-httplib-dev gnuplot-nox curl
+  libyaml-cpp-dev libcpp-httplib-dev libboost-dev gnuplot-nox curl
 )
 
 missing=()

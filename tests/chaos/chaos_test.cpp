@@ -5,18 +5,19 @@
 //   kill -9 a node (and start it again)    SIGSTOP / SIGCONT a node
 //   a node's link down for 0.5-10 s         a node restarted with failpoints (hangs, lost frames, stalls)
 //   hostile clients (oversized frames,      an overload burst past --max-queue
-//   garbage, a million stop strings,
-//   a reader that stops reading)
+//   garbage, a million stop strings,       HTTP clients: streamed completions beside
+//   a reader that stops reading)            slow headers, oversized and malformed requests
 //
-// At the end: every job a client sent either finished exactly once with the
-// tokens `troupe batch` gives (greedy and seeded), or was refused with an
-// explicit `busy`; the head's peak RSS stayed under its bound; the head and
-// the nodes still serve. The schedule and the seed are printed, so a failure
-// can be replayed: TROUPE_CHAOS_SEED=S TROUPE_CHAOS_SECONDS=T chaos_tests.
-// (ctest label `chaos`; needs root for the namespaces.)
+// At the end: every job a client sent (over ZeroMQ or HTTP) either finished
+// exactly once with the tokens (the text, over HTTP) `troupe batch` gives
+// (greedy and seeded), or was refused with an explicit `busy` (429); the head's peak RSS stayed under its
+// bound; the head and the nodes still serve. The schedule and the seed are printed, so a failure can be
+// replayed: TROUPE_CHAOS_SEED=S TROUPE_CHAOS_SECONDS=T chaos_tests. (ctest label `chaos`; needs root for the
+// namespaces.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "../cluster/cluster_harness.hpp"
+#include "../http/raw_http.hpp"
 
 namespace troupe::test {
 namespace {
@@ -127,7 +129,8 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
   // The worker socket on every address (the namespaces reach it through
   // their own links), plaintext: these links are the test's own.
   Head head(dir, "head",
-            {"--workers", "0", "--worker-listen", "tcp://0.0.0.0:*", "--insecure", "--max-queue", "48"});
+            {"--workers", "0", "--worker-listen", "tcp://0.0.0.0:*", "--insecure", "--max-queue", "48",
+             "--http", "127.0.0.1:0", "--http-header-timeout", "3"});
   const std::string port = head.worker_listen.substr(head.worker_listen.rfind(':') + 1);
   Node n1(dir, ns1, "n1", "tcp://" + ns1.host_ip + ":" + port);
   Node n2(dir, ns2, "n2", "tcp://" + ns2.host_ip + ":" + port);
@@ -247,6 +250,78 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
   };
 
+  // HTTP clients: jobs streamed through the HTTP front (each answered with
+  // the reference text, or refused 429), and hostile ones beside them.
+  struct HttpWave {
+    int exact = 0, busy = 0, wrong = 0;
+    std::string first_wrong;
+  };
+  std::vector<std::unique_ptr<HttpWave>> http_waves;
+  auto http_wave = [&, endpoint = head.http](HttpWave* w, std::vector<std::string> lines) {
+    for (const std::string& line : lines) {
+      const json j = json::parse(line);
+      json body{{"max_tokens", j["max_tokens"]},
+                {"ignore_eos", true},
+                {"temperature", j["temperature"]},
+                {"stream", true}};
+      body["prompt"] = j.contains("prompt") ? j["prompt"] : j["prompt_ids"];
+      for (const char* k :
+           {"top_k", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias"})
+        if (j.contains(k)) body[k] = j[k];
+      const int fd = raw::connect_to(endpoint);
+      raw::send_all(fd, raw::post("/v1/completions", body.dump()));
+      const auto rs = raw::read_responses(fd, 1, std::chrono::seconds(300));
+      ::close(fd);
+      std::string text, finish;
+      if (rs.size() == 1 && rs[0].status == 200) {
+        std::istringstream in(rs[0].body);
+        for (std::string l; std::getline(in, l);) {
+          if (l.rfind("data: {", 0) != 0) continue;
+          const json c = json::parse(l.substr(6));
+          if (c.contains("error")) finish = "error";
+          if (!c.contains("choices") || c["choices"].empty()) continue;
+          text += c["choices"][0].value("text", "");
+          if (c["choices"][0]["finish_reason"].is_string()) finish = c["choices"][0]["finish_reason"];
+        }
+      }
+      const int id = j["id"].get<int>();
+      if (rs.size() == 1 && rs[0].status == 429) {
+        ++w->busy;
+      } else if (rs.size() == 1 && rs[0].status == 200 && finish == "length" && text == ref.at(id)["text"]) {
+        ++w->exact;
+      } else {
+        if (w->wrong++ == 0)
+          w->first_wrong = "job " + std::to_string(id) + ": " + (rs.empty() ? "no answer" : rs[0].body);
+      }
+    }
+  };
+  // Slow headers, declared bodies over the limit and malformed requests:
+  // each gets its status (408, 413, 400), and nothing else changes.
+  std::atomic<int> http_hostile_wrong{0};
+  auto http_hostile = [&, endpoint = head.http] {
+    std::vector<int> slow;
+    for (int i = 0; i < 100; ++i) slow.push_back(raw::connect_to(endpoint));
+    const std::string header = "GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: ";
+    for (int k = 0; k < 6; ++k) {  // a byte a second; the header timeout is 3 s
+      for (int fd : slow) ::send(fd, &header[k], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      for (int i = 0; i < 4; ++i) {
+        const int fd = raw::connect_to(endpoint);
+        raw::send_all(fd,
+                      k % 2 ? "NOT HTTP\r\n\r\n"
+                            : "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 20971520\r\n\r\n");
+        const auto rs = raw::read_responses(fd, 1, std::chrono::seconds(10));
+        if (rs.size() != 1 || rs[0].status != (k % 2 ? 400 : 413)) ++http_hostile_wrong;
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    for (int fd : slow) {
+      const auto rs = raw::read_responses(fd, 1, std::chrono::seconds(10));
+      if (rs.size() != 1 || rs[0].status != 408) ++http_hostile_wrong;
+      ::close(fd);
+    }
+  };
+
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   start_wave(40);
@@ -304,6 +379,15 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
       bursts.push_back(std::make_unique<Burst>());
       threads.emplace_back(burst, bursts.back().get(), lines);
       ++faults["overload burst"];
+    } else if (kind == 6) {
+      std::vector<std::string> lines;
+      for (int i = 0; i < 16; ++i) lines.push_back(job_lines[(next_job++) % job_lines.size()]);
+      note(elapsed(),
+           "HTTP clients: 16 streamed completions, beside slow headers, oversized and malformed requests");
+      http_waves.push_back(std::make_unique<HttpWave>());
+      threads.emplace_back(http_wave, http_waves.back().get(), lines);
+      threads.emplace_back(http_hostile);
+      ++faults["HTTP clients, hostile ones beside"];
     }
     // Quiet time between faults; the next one comes once this one is over.
     std::this_thread::sleep_for(std::chrono::duration<double>(uniform(2, 6)));
@@ -351,6 +435,17 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
     accepted += b->accepted;
     busy += b->busy;
   }
+  int http_exact = 0, http_busy = 0;
+  for (const auto& w : http_waves) {
+    EXPECT_EQ(w->wrong, 0) << "an HTTP job was answered wrongly or not at all: " << w->first_wrong << "\n"
+                           << schedule.str();
+    jobs_sent += static_cast<size_t>(w->exact + w->busy + w->wrong);
+    finished += static_cast<size_t>(w->exact);
+    http_exact += w->exact;
+    http_busy += w->busy;
+    busy += w->busy;
+  }
+  EXPECT_EQ(http_hostile_wrong, 0) << "a hostile HTTP request did not get its status\n" << schedule.str();
   EXPECT_LT(peak, rss_bound_kib) << "head peak RSS " << peak << " KiB";
 
   // The head and the nodes still serve.
@@ -380,6 +475,7 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
   std::printf(
       "  jobs: %zu sent, %zu finished with the reference tokens, %d refused busy (bursts: %d accepted)\n",
       jobs_sent, finished, busy, accepted);
+  std::printf("  HTTP: %d streamed jobs with the reference text, %d refused 429\n", http_exact, http_busy);
   std::printf(
       "  head: workers %llu lost, %llu hung, %llu broken; %llu requests moved, %llu tokens recomputed\n",
       static_cast<unsigned long long>(st->workers_lost), static_cast<unsigned long long>(st->workers_hung),

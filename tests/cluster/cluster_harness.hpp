@@ -113,6 +113,7 @@ struct Head {
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("listen=", 0) == 0) listen = line.substr(7);
       if (line.rfind("worker_listen=", 0) == 0) worker_listen = line.substr(14);
+      if (line.rfind("http=", 0) == 0) http = line.substr(5);
     }
   }
   std::optional<transport::StatusReply> status() const {
@@ -129,6 +130,7 @@ struct Head {
   }
   std::unique_ptr<Process> proc;
   std::string listen, worker_listen;
+  std::string http;                                       // HOST:PORT with --http
   std::optional<transport::CurveClientKeys> client_keys;  // for status() when the head uses CurveZMQ
 };
 

@@ -21,9 +21,12 @@
 
 #include "cluster/http_front.hpp"
 #include "cluster/openai_client.hpp"
+#include "listen_backlog.hpp"
 
 namespace troupe::cluster {
 namespace {
+
+using troupe::test::ListenBacklog;
 
 RandomLoadOptions options(uint64_t seed) {
   RandomLoadOptions o;

@@ -76,6 +76,7 @@ class ServeProcess {
   std::string worker_listen() const { return fields_.at("worker_listen"); }
   std::string log() const { return proc_->log(); }
   void signal(int sig) const { proc_->signal(sig); }
+  long rss_kib() const { return proc_->rss_kib(); }  // the head's resident memory
   std::optional<int> wait(std::chrono::milliseconds timeout) { return proc_->wait(timeout); }
   // SIGTERM, then the exit status (128 + signal if it had to be killed).
   int stop() {
