@@ -20,7 +20,7 @@
 #include "actors/router_core.hpp"
 #include "cli/command.hpp"
 #include "cli/job_json.hpp"
-#include "cluster/json_input.hpp"
+#include "cluster/http/json_input.hpp"
 #include "cli/scheduler_flags.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
-#include "cluster/bench_plot.hpp"
-#include "cluster/load_generator.hpp"
+#include "cluster/loadgen/bench_plot.hpp"
+#include "cluster/loadgen/load_generator.hpp"
 #include "core/serving_metrics.hpp"
 
 namespace troupe::cli {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cli/command.hpp"
-#include "cluster/cost_profiler.hpp"
+#include "cluster/sim/live/cost_profiler.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/threading.hpp"

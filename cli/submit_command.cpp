@@ -16,7 +16,7 @@
 
 #include "cli/command.hpp"
 #include "cli/job_json.hpp"
-#include "cluster/json_input.hpp"
+#include "cluster/http/json_input.hpp"
 #include "cluster/client.hpp"
 #include "core/request.hpp"
 #include "transport/curve_keys.hpp"

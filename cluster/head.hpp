@@ -7,7 +7,7 @@
 // then end with an error their clients see) and exits 0.
 //
 //   clients ─▶ frontend ─▶ router ─▶ batcher ─▶ local workers (detached actors, the model)
-//   HTTP clients ─▶ HTTP front ─┘ (optional: cluster/http_front.hpp)
+//   HTTP clients ─▶ HTTP front ─┘ (optional: cluster/http/http_front.hpp)
 //                                       │  ▲
 //                                       ▼  │
 //              backend ◀─▶ gateway ◀─▶ proxies ◀─frames─▶ worker nodes (`troupe worker --join`)
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cluster/http_front.hpp"
+#include "cluster/http/http_front.hpp"
 #include "core/batcher.hpp"
 #include "core/scheduler.hpp"
 #include "transport/socket_loop.hpp"

@@ -9,7 +9,7 @@
 
 #include "actors/worker_actor.hpp"
 #include "cluster/control_plane.hpp"
-#include "cluster/emulated_worker.hpp"
+#include "cluster/sim/live/emulated_worker.hpp"
 #include "cluster/gateway.hpp"
 #include "cluster/model_worker.hpp"
 #include "cluster/shutdown_guard.hpp"

@@ -33,8 +33,9 @@ log "sanitizer build ready; running its tests"
 export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=3000 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 mkdir -p "$ASAN_DIR/logs"
 # HttpFront.* are http_tests' black-box tests (real serve processes, curl, node), like cli_tests: they ran
-# above; http_tests' unit tests (OpenAI mapping, Prometheus, load generator) and HttpHostile.* (raw sockets
-# against an instrumented troupe: the event loop under ASan) run here. TokenizerVsTiktoken.*
+# above; http_tests' unit tests (OpenAI mapping, Prometheus), HttpHostile.* (raw sockets against an
+# instrumented troupe: the event loop under ASan) and loadgen_tests (the load generator against stand-in
+# servers) run here. TokenizerVsTiktoken.*
 # (27 MB of text through node and the tokenizer, which the Release tests above ran) are left out too.
 printf '%s\n' "${targets[@]}" | xargs -P "$JOBS" -I{} sh -c \
   '"$0/{}" --gtest_filter="-HttpFront.*:TokenizerVsTiktoken.*" --gtest_brief=1 >"$0/logs/{}.log" 2>&1 \

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/emulated_worker.hpp"
+#include "cluster/sim/live/emulated_worker.hpp"
 #include "cluster/sim/cost_profile.hpp"
 #include "cluster_harness.hpp"
 

@@ -1,6 +1,6 @@
 // Prometheus text output: histograms, the writer, and the collector that
 // turns the router's replies and a status report into vLLM's metric set.
-#include "cluster/metrics_collector.hpp"
+#include "cluster/http/metrics_collector.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <regex>
 
-#include "cluster/prometheus.hpp"
+#include "cluster/http/prometheus.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::cluster {

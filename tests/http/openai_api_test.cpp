@@ -1,6 +1,6 @@
 // OpenAI's completions API mapped onto troupe's jobs and replies: parsing,
 // errors in OpenAI's shape, seeds of n > 1, responses and stream chunks.
-#include "cluster/openai_api.hpp"
+#include "cluster/http/openai_api.hpp"
 
 #include <gtest/gtest.h>
 

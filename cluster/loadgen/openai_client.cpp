@@ -1,4 +1,4 @@
-#include "cluster/openai_client.hpp"
+#include "cluster/loadgen/openai_client.hpp"
 
 #include <curl/curl.h>
 

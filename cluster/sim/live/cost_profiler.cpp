@@ -1,4 +1,4 @@
-#include "cluster/cost_profiler.hpp"
+#include "cluster/sim/live/cost_profiler.hpp"
 
 #include <ATen/Parallel.h>
 #include <torch/version.h>

@@ -1,4 +1,4 @@
-#include "cluster/bench_plot.hpp"
+#include "cluster/loadgen/bench_plot.hpp"
 
 #include <algorithm>
 #include <cstdlib>

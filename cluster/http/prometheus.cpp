@@ -1,4 +1,4 @@
-#include "cluster/prometheus.hpp"
+#include "cluster/http/prometheus.hpp"
 
 #include <algorithm>
 #include <cmath>

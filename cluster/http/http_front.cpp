@@ -1,4 +1,4 @@
-#include "cluster/http_front.hpp"
+#include "cluster/http/http_front.hpp"
 
 #include <poll.h>
 #include <sys/resource.h>
@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "cluster/metrics_collector.hpp"
-#include "cluster/openai_api.hpp"
+#include "cluster/http/metrics_collector.hpp"
+#include "cluster/http/openai_api.hpp"
 #include "core/splitmix.hpp"
 #include "transport/endpoint_policy.hpp"
 

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "actors/router_core.hpp"
-#include "cluster/prometheus.hpp"
+#include "cluster/http/prometheus.hpp"
 
 namespace troupe::cluster {
 

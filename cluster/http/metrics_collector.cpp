@@ -1,4 +1,4 @@
-#include "cluster/metrics_collector.hpp"
+#include "cluster/http/metrics_collector.hpp"
 
 #include <initializer_list>
 #include <variant>

@@ -1,7 +1,7 @@
 // The load generator's parts: the request list (one generator with the
 // simulator, seeded), Server-Sent Events parsing, base URLs, a streaming
 // completion's body, and the one-thread client against a local server.
-#include "cluster/load_generator.hpp"
+#include "cluster/loadgen/load_generator.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,9 +19,9 @@
 #include <optional>
 #include <thread>
 
-#include "cluster/http_front.hpp"
-#include "cluster/openai_client.hpp"
-#include "listen_backlog.hpp"
+#include "cluster/http/http_front.hpp"
+#include "cluster/loadgen/openai_client.hpp"
+#include "http/listen_backlog.hpp"
 
 namespace troupe::cluster {
 namespace {

@@ -1,9 +1,9 @@
-#include "cluster/openai_api.hpp"
+#include "cluster/http/openai_api.hpp"
 
 #include <cmath>
 #include <limits>
 
-#include "cluster/json_input.hpp"
+#include "cluster/http/json_input.hpp"
 #include "core/splitmix.hpp"
 #include "model/tokenizer.hpp"
 

@@ -1,4 +1,4 @@
-#include "cluster/load_generator.hpp"
+#include "cluster/loadgen/load_generator.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "cluster/client.hpp"
-#include "cluster/openai_client.hpp"
+#include "cluster/loadgen/openai_client.hpp"
 #include "cluster/sim/prompt_builder.hpp"
 #include "cluster/sim/workload.hpp"
 

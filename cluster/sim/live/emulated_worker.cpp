@@ -1,4 +1,4 @@
-#include "cluster/emulated_worker.hpp"
+#include "cluster/sim/live/emulated_worker.hpp"
 
 #include <chrono>
 #include <memory>

@@ -8,7 +8,7 @@
 //   POST /v1/chat/completions   400: GPT-2 has no chat template
 //   GET  /v1/models             the served model
 //   GET  /health                200 once a worker has joined, 503 before
-//   GET  /metrics               Prometheus text (cluster/metrics_collector.hpp)
+//   GET  /metrics               Prometheus text (cluster/http/metrics_collector.hpp)
 //
 // Limits come before reading: a connection's header must arrive whole
 // within --http-header-timeout (408) and fit --http-max-header-bytes (431);

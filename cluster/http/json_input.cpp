@@ -1,4 +1,4 @@
-#include "cluster/json_input.hpp"
+#include "cluster/http/json_input.hpp"
 
 #include <vector>
 
