@@ -105,203 +105,272 @@ transport::SocketOptions server_socket(const std::string& endpoint, const std::s
   return s;
 }
 
-}  // namespace
+// The head's process, its life in named steps: build (the model, the HTTP
+// address, the sockets, the actors), start (frames flow, clients are told
+// where), serve (until a signal or a dead actor), drain (the jobs in flight
+// finish or end visibly) and stop. Members are declared in the order they
+// are made, so they are destroyed in reverse: the shutdown guard first (it
+// stops the actors), the actor system and the HTTP front last.
+class HeadProcess {
+ public:
+  explicit HeadProcess(const HeadOptions& o) : o_(o), dir_(model::load_model_dir(o.model_dir)) {}
 
-int run_head(const HeadOptions& o) {
-  SignalWaiter signals;  // before any thread starts
-  model::ModelDir dir = model::load_model_dir(o.model_dir);
-  const model::Gpt2Config& cfg = dir.config;
-  core::SchedulerOptions sched = o.scheduler;
-  sched.max_model_len = cfg.n_positions;
-  sched.vocab_size = cfg.vocab_size;
-  sched.eos_id = cfg.eos_token_id;
-  sched.max_steps_in_flight = 2;
-  sched.num_blocks =
-      o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, sched.block_size);
-  const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
-  const std::string local_cost =
-      o.cost_profile.empty() ? std::string() : sim::read_cost_profile(o.cost_profile).cost.to_json().dump();
-
-  // Every reply is observed for /metrics, then goes to the front of its
-  // client: "h..." the HTTP front, "z..." the ZeroMQ one. The HTTP address is
-  // bound before any actor starts, so a taken port fails fast and cleanly.
-  HttpOptions http_opts = o.http;
-  if (http_opts.model_name.empty()) http_opts.model_name = served_model_name(o.model_dir);
-  http_opts.max_model_len = cfg.n_positions;
-  http_opts.max_queue = o.max_queue;
-  auto metrics =
-      std::make_shared<MetricsCollector>(MetricsCollectorOptions{http_opts.model_name, cfg.n_positions});
-  std::unique_ptr<HttpFront> http;
-  actors::ClientSink http_sink;
-  if (!http_opts.listen.empty()) {
-    http = std::make_unique<HttpFront>(http_opts, dir.tokenizer, metrics);
-    http->bind();
-    http_sink = http->sink();
+  int run() {
+    build_scheduler();
+    bind_http();
+    build_sockets();
+    build_actors();
+    start();
+    const bool fatal = serve();
+    const int status = fatal ? 70 : 0;  // EX_SOFTWARE: one of the head's own actors died
+    if (!fatal) drain();
+    return stop(status);
   }
 
-  caf::actor_system_config caf_cfg;
-  configure_control_plane(caf_cfg, 2);
-  caf::actor_system sys{caf_cfg};
+ private:
+  // The workers' scheduler settings, from the model and the flags.
+  void build_scheduler() {
+    const model::Gpt2Config& cfg = dir_.config;
+    sched_ = o_.scheduler;
+    sched_.max_model_len = cfg.n_positions;
+    sched_.vocab_size = cfg.vocab_size;
+    sched_.eos_id = cfg.eos_token_id;
+    sched_.max_steps_in_flight = 2;
+    sched_.num_blocks =
+        o_.num_blocks > 0 ? o_.num_blocks : blocks_for_kv_memory(cfg, o_.kv_memory, sched_.block_size);
+    fingerprint_ = model::fingerprint(cfg, dir_.weights);
+    if (!o_.cost_profile.empty()) local_cost_ = sim::read_cost_profile(o_.cost_profile).cost.to_json().dump();
+  }
+
+  // The HTTP address is bound before any actor starts, so a taken port fails
+  // fast and cleanly.
+  void bind_http() {
+    HttpOptions h = o_.http;
+    if (h.model_name.empty()) h.model_name = served_model_name(o_.model_dir);
+    h.max_model_len = dir_.config.n_positions;
+    h.max_queue = o_.max_queue;
+    metrics_ =
+        std::make_shared<MetricsCollector>(MetricsCollectorOptions{h.model_name, dir_.config.n_positions});
+    if (h.listen.empty()) return;
+    http_ = std::make_unique<HttpFront>(h, dir_.tokenizer, metrics_);
+    http_->bind();
+  }
 
   // One socket loop (one thread) for the clients and one for the workers: no
   // number or size of client frames can delay a worker's heartbeat or result.
-  transport::LoopOptions client_lo = loop_options(o.max_client_frame_bytes, o.quiet);
-  client_lo.max_peer_backlog_frames = o.max_client_backlog_frames;
-  // A client whose backlog passes its bound is cut: what was queued for it
-  // leaves, then this, then nothing; its jobs end (the router hears "gone").
-  client_lo.lagging_farewell = [](transport::SocketId, const std::string&) {
-    return transport::encode(transport::Error{
-        transport::ErrorCode::kTooSlow,
-        "this client read its replies too slowly: the server stopped sending and ended its open jobs",
-        std::nullopt});
-  };
-  transport::SocketLoop client_loop(client_lo);
-  transport::SocketLoop worker_loop(loop_options(o.max_frame_bytes, o.quiet));
-  const transport::SocketId frontend =
-      client_loop.add_socket(server_socket(o.listen, "frontend", o.client_keys, o.insecure));
-  const transport::SocketId backend =
-      worker_loop.add_socket(server_socket(o.worker_listen, "backend", o.worker_keys, o.insecure));
+  void build_sockets() {
+    configure_control_plane(caf_cfg_, 2);
+    sys_ = std::make_unique<caf::actor_system>(caf_cfg_);
+    transport::LoopOptions client_lo = loop_options(o_.max_client_frame_bytes, o_.quiet);
+    client_lo.max_peer_backlog_frames = o_.max_client_backlog_frames;
+    // A client whose backlog passes its bound is cut: what was queued for it
+    // leaves, then this, then nothing; its jobs end (the router hears "gone").
+    client_lo.lagging_farewell = [](transport::SocketId, const std::string&) {
+      return transport::encode(transport::Error{
+          transport::ErrorCode::kTooSlow,
+          "this client read its replies too slowly: the server stopped sending and ended its open jobs",
+          std::nullopt});
+    };
+    client_loop_ = std::make_unique<transport::SocketLoop>(client_lo);
+    worker_loop_ = std::make_unique<transport::SocketLoop>(loop_options(o_.max_frame_bytes, o_.quiet));
+    frontend_ = client_loop_->add_socket(server_socket(o_.listen, "frontend", o_.client_keys, o_.insecure));
+    backend_ =
+        worker_loop_->add_socket(server_socket(o_.worker_listen, "backend", o_.worker_keys, o_.insecure));
+  }
 
-  std::shared_ptr<core::StepLog> step_log;
-  if (!o.step_log.empty() && !(step_log = core::StepLog::to_file(o.step_log)))
-    throw std::runtime_error("--step-log " + o.step_log + ": cannot write it");
-  actors::batcher_actor batcher = actors::spawn_batcher(sys, o.batcher, step_log);
-  actors::RouterOptions ro;
-  ro.max_queue = o.max_queue;
-  ro.max_model_len = cfg.n_positions;
-  ro.vocab_size = cfg.vocab_size;
-  ro.eos_id = cfg.eos_token_id;
-  ro.seed = o.seed;
-  // A reply the client loop cannot take ends that client's jobs (the router
-  // hears "gone"), as a client that vanished: never a silent gap in a stream.
-  auto router_ref = std::make_shared<std::optional<actors::router_actor>>();
-  auto unsent = [router_ref, &client_loop](const std::string& client) {
-    client_loop.log("frontend: a reply for a client could not be queued; its jobs end");
-    if (*router_ref) caf::anon_send(**router_ref, actors::gone_atom::value, client);
-  };
-  actors::ClientSink sink =
-      [metrics, http_sink,
-       zmq_sink = zmq_client_sink(client_loop, frontend, o.max_queue, unsent)](const actors::Reply& r) {
-        metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count());
-        if (!r.client.empty() && r.client[0] == 'h') {
-          if (http_sink) http_sink(r);
-        } else {
-          zmq_sink(r);
-        }
-      };
-  actors::router_actor router = actors::spawn_router(sys, dir.tokenizer, ro, batcher, std::move(sink));
-  *router_ref = router;
+  // The batcher, the router (its sink: /metrics, then the client's front)
+  // and the gateway (remote and local workers), watched and guarded.
+  void build_actors() {
+    std::shared_ptr<core::StepLog> step_log;
+    if (!o_.step_log.empty() && !(step_log = core::StepLog::to_file(o_.step_log)))
+      throw std::runtime_error("--step-log " + o_.step_log + ": cannot write it");
+    batcher_ = actors::spawn_batcher(*sys_, o_.batcher, step_log);
+    actors::RouterOptions ro;
+    ro.max_queue = o_.max_queue;
+    ro.max_model_len = dir_.config.n_positions;
+    ro.vocab_size = dir_.config.vocab_size;
+    ro.eos_id = dir_.config.eos_token_id;
+    ro.seed = o_.seed;
+    router_ = actors::spawn_router(*sys_, dir_.tokenizer, ro, batcher_, client_sink());
+    *router_ref_ = router_;
+    GatewayConfig gc = gateway_config();
+    num_local_ = gc.local.size();
+    gateway_ = spawn_gateway(*sys_, std::move(gc), batcher_);
+    caf::anon_send(batcher_, actors::listen_atom::value, router_, gateway_);
+    // From here on every way out stops the actors first (a failed bind included).
+    guard_ = std::make_unique<ShutdownGuard>(
+        *sys_,
+        std::vector<caf::actor>{gateway_, caf::actor_cast<caf::actor>(router_),
+                                caf::actor_cast<caf::actor>(batcher_)},
+        "troupe serve", o_.quiet);
+    fatal_.watch(*sys_, caf::actor_cast<caf::actor>(router_), "router");
+    fatal_.watch(*sys_, caf::actor_cast<caf::actor>(batcher_), "batcher");
+    fatal_.watch(*sys_, gateway_, "gateway");
+  }
 
-  GatewayConfig gc;
-  gc.loop = &worker_loop;
-  gc.backend = backend;
-  gc.arrivals = std::make_shared<transport::ArrivalClock>();
-  gc.worker_template = sched;
-  gc.membership.liveness = transport::LivenessOptions{o.heartbeat, o.liveness};
-  gc.membership.fingerprint = fingerprint;
-  gc.membership.vocab_size = cfg.vocab_size;
-  gc.membership.max_nodes = o.max_nodes;
-  gc.membership.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1);
-  gc.local = local_workers(o, dir, sched, local_cost);
-  gc.log = [quiet = o.quiet](const std::string& line) { log_line(quiet, line); };
-  const size_t num_local = gc.local.size();
-  const auto arrivals = gc.arrivals;
-  caf::actor gateway = spawn_gateway(sys, std::move(gc), batcher);
-  caf::anon_send(batcher, actors::listen_atom::value, router, gateway);
-  Fatal fatal;  // before the guard: its watchers may fire while the guard stops the actors
-  // From here on every way out stops the actors first (a failed bind included).
-  ShutdownGuard guard(sys,
-                      {gateway, caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(batcher)},
-                      "troupe serve", o.quiet);
-  fatal.watch(sys, caf::actor_cast<caf::actor>(router), "router");
-  fatal.watch(sys, caf::actor_cast<caf::actor>(batcher), "batcher");
-  fatal.watch(sys, gateway, "gateway");
+  // Every reply is observed for /metrics, then goes to the front of its
+  // client: "h..." the HTTP front, "z..." the ZeroMQ one. A reply the client
+  // loop cannot take ends that client's jobs (the router hears "gone"), as a
+  // client that vanished: never a silent gap in a stream.
+  actors::ClientSink client_sink() {
+    auto unsent = [router_ref = router_ref_, loop = client_loop_.get()](const std::string& client) {
+      loop->log("frontend: a reply for a client could not be queued; its jobs end");
+      if (*router_ref) caf::anon_send(**router_ref, actors::gone_atom::value, client);
+    };
+    return
+        [metrics = metrics_, http_sink = http_ ? http_->sink() : actors::ClientSink(),
+         zmq_sink = zmq_client_sink(*client_loop_, frontend_, o_.max_queue, unsent)](const actors::Reply& r) {
+          metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now().time_since_epoch())
+                                  .count());
+          if (!r.client.empty() && r.client[0] == 'h') {
+            if (http_sink) http_sink(r);
+          } else {
+            zmq_sink(r);
+          }
+        };
+  }
 
-  worker_loop.on_frame(transport::decode_frames(
-      worker_loop, [&, arrivals](transport::SocketId, const std::string& peer, transport::Message&& m) {
-        arrivals->stamp(peer, transport::Clock::now());
-        if (TROUPE_FAILPOINT("head.recv").action == fail::Action::kDrop) return;
-        caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
-      }));
-  transport::SubmitLimits limits;
-  limits.max_prompt_ids = static_cast<size_t>(cfg.n_positions);
-  limits.max_prompt_bytes = static_cast<size_t>(cfg.n_positions) * 64;  // as the router's text bound
-  client_loop.on_frame(transport::decode_frames(
-      client_loop,
-      [&](transport::SocketId, const std::string& peer, transport::Message&& m) {
-        if (TROUPE_FAILPOINT("head.recv_client").action == fail::Action::kDrop) return;
-        forward_client_message(client_loop, frontend, router, peer, std::move(m));
-      },
-      limits));
-  auto client_gone = [&](transport::SocketId, const std::string& peer) {
-    caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
-    metrics->forget(zmq_client_id(peer));
-  };
-  client_loop.on_undeliverable(client_gone);
-  client_loop.on_lagging(client_gone);
-  worker_loop.start();
-  client_loop.start();
-  if (http) http->start(router);
+  GatewayConfig gateway_config() {
+    const model::Gpt2Config& cfg = dir_.config;
+    GatewayConfig gc;
+    gc.loop = worker_loop_.get();
+    gc.backend = backend_;
+    gc.arrivals = arrivals_;
+    gc.worker_template = sched_;
+    gc.membership.liveness = transport::LivenessOptions{o_.heartbeat, o_.liveness};
+    gc.membership.fingerprint = fingerprint_;
+    gc.membership.vocab_size = cfg.vocab_size;
+    gc.membership.max_nodes = o_.max_nodes;
+    gc.membership.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1);
+    gc.local = local_workers(o_, dir_, sched_, local_cost_);
+    gc.log = [quiet = o_.quiet](const std::string& line) { log_line(quiet, line); };
+    return gc;
+  }
 
-  model::release_weights(dir);
-  log_line(o.quiet, "serving " + o.model_dir + " with " + std::to_string(num_local) +
-                        " local worker(s); clients " + client_loop.endpoint(frontend) + ", workers " +
-                        worker_loop.endpoint(backend) + (http ? ", HTTP http://" + http->endpoint() : ""));
-  if (!o.ready_file.empty()) {
-    std::ofstream rf(o.ready_file + ".tmp");
-    rf << "listen=" << client_loop.endpoint(frontend) << "\nworker_listen=" << worker_loop.endpoint(backend)
-       << "\n";
-    if (http) rf << "http=" << http->endpoint() << "\n";
+  // Frames flow: workers' to the gateway, clients' to the router; the HTTP
+  // front serves; the ready file names the endpoints.
+  void start() {
+    worker_loop_->on_frame(transport::decode_frames(
+        *worker_loop_, [gateway = gateway_, arrivals = arrivals_](
+                           transport::SocketId, const std::string& peer, transport::Message&& m) {
+          arrivals->stamp(peer, transport::Clock::now());
+          if (TROUPE_FAILPOINT("head.recv").action == fail::Action::kDrop) return;
+          caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
+        }));
+    transport::SubmitLimits limits;
+    limits.max_prompt_ids = static_cast<size_t>(dir_.config.n_positions);
+    limits.max_prompt_bytes =
+        static_cast<size_t>(dir_.config.n_positions) * 64;  // as the router's text bound
+    client_loop_->on_frame(transport::decode_frames(
+        *client_loop_,
+        [loop = client_loop_.get(), frontend = frontend_, router = router_](
+            transport::SocketId, const std::string& peer, transport::Message&& m) {
+          if (TROUPE_FAILPOINT("head.recv_client").action == fail::Action::kDrop) return;
+          forward_client_message(*loop, frontend, router, peer, std::move(m));
+        },
+        limits));
+    auto client_gone = [router = router_, metrics = metrics_](transport::SocketId, const std::string& peer) {
+      caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
+      metrics->forget(zmq_client_id(peer));
+    };
+    client_loop_->on_undeliverable(client_gone);
+    client_loop_->on_lagging(client_gone);
+    worker_loop_->start();
+    client_loop_->start();
+    if (http_) http_->start(router_);
+    model::release_weights(dir_);
+    log_line(o_.quiet, "serving " + o_.model_dir + " with " + std::to_string(num_local_) +
+                           " local worker(s); clients " + client_loop_->endpoint(frontend_) + ", workers " +
+                           worker_loop_->endpoint(backend_) +
+                           (http_ ? ", HTTP http://" + http_->endpoint() : ""));
+    write_ready_file();
+  }
+
+  void write_ready_file() const {
+    if (o_.ready_file.empty()) return;
+    std::ofstream rf(o_.ready_file + ".tmp");
+    rf << "listen=" << client_loop_->endpoint(frontend_)
+       << "\nworker_listen=" << worker_loop_->endpoint(backend_) << "\n";
+    if (http_) rf << "http=" << http_->endpoint() << "\n";
     rf.close();
-    std::rename((o.ready_file + ".tmp").c_str(), o.ready_file.c_str());
+    std::rename((o_.ready_file + ".tmp").c_str(), o_.ready_file.c_str());
   }
 
-  // Serve until a termination signal (then drain) or until one of the head's
-  // own actors dies (then stop at once: nothing can be served without it).
-  while (!fatal.set() && !signals.wait(std::chrono::milliseconds(200))) {
+  // Serves until a termination signal or until one of the head's own actors
+  // dies (nothing can be served without it); true for the latter.
+  bool serve() {
+    while (!fatal_.set() && !signals_.wait(std::chrono::milliseconds(200))) {
+    }
+    if (fatal_.set()) log_line(false, "stopping: " + fatal_.what());
+    return fatal_.set();
   }
-  int status = 0;
-  if (fatal.set()) {
-    log_line(false, "stopping: " + fatal.what());
-    status = 70;  // EX_SOFTWARE
-  } else {
-    log_line(o.quiet, "stopping: no new jobs; finishing the ones in flight");
-    caf::anon_send(router, actors::shutdown_atom::value);
-    const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
-    caf::scoped_actor self{sys};  // gone before the guard waits for every actor (it counts as one)
+
+  // No new jobs; the ones in flight may finish for --drain-timeout (or until
+  // a second signal), then every job still open ends with an error its client
+  // sees (a stream's last chunk, submit's error line), not a dropped connection.
+  void drain() {
+    log_line(o_.quiet, "stopping: no new jobs; finishing the ones in flight");
+    caf::anon_send(router_, actors::shutdown_atom::value);
+    const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout;
+    caf::scoped_actor self{*sys_};  // gone before the guard waits for every actor (it counts as one)
     bool idle = false, second_signal = false;
-    while (!idle && !second_signal && !fatal.set() && std::chrono::steady_clock::now() < deadline) {
-      self->request(router, std::chrono::seconds(5), actors::idle_atom::value)
+    while (!idle && !second_signal && !fatal_.set() && std::chrono::steady_clock::now() < deadline) {
+      self->request(router_, std::chrono::seconds(5), actors::idle_atom::value)
           .receive([&](bool i) { idle = i; },
                    [&](caf::error& e) {
-                     log_line(o.quiet, "router does not answer (" + sys.render(e) + "); stopping");
+                     log_line(o_.quiet, "router does not answer (" + sys_->render(e) + "); stopping");
                      idle = true;
                    });
-      if (!idle) second_signal = signals.wait(std::chrono::milliseconds(100)).has_value();  // stop now
+      if (!idle) second_signal = signals_.wait(std::chrono::milliseconds(100)).has_value();  // stop now
     }
-    if (!idle) {
-      // Every job still open ends with an error its client sees (a stream's
-      // last chunk, submit's error line), not with a connection that drops.
-      const std::string why =
-          "the server stopped before this job finished (" +
-          (second_signal ? std::string("a second stop signal")
-                         : "--drain-timeout " + std::to_string(o.drain_timeout.count()) + " s ran out") +
-          ")";
-      self->request(router, std::chrono::seconds(5), actors::abort_atom::value, why)
-          .receive(
-              [&](int32_t n) { log_line(o.quiet, std::to_string(n) + " job(s) unfinished: " + why); },
-              [&](caf::error& e) { log_line(o.quiet, "router does not answer (" + sys.render(e) + ")"); });
-    }
+    if (idle) return;
+    const std::string why =
+        "the server stopped before this job finished (" +
+        (second_signal ? std::string("a second stop signal")
+                       : "--drain-timeout " + std::to_string(o_.drain_timeout.count()) + " s ran out") +
+        ")";
+    self->request(router_, std::chrono::seconds(5), actors::abort_atom::value, why)
+        .receive(
+            [&](int32_t n) { log_line(o_.quiet, std::to_string(n) + " job(s) unfinished: " + why); },
+            [&](caf::error& e) { log_line(o_.quiet, "router does not answer (" + sys_->render(e) + ")"); });
   }
-  if (http) http->stop();                      // after the streams' last chunks (it waits for them)
-  client_loop.flush(std::chrono::seconds(2));  // the clients' last frames leave before the sockets close
-  client_loop.stop();
-  worker_loop.stop();
-  guard.stop(status);
-  log_line(o.quiet, "stopped");
-  return status;
-}
+
+  int stop(int status) {
+    if (http_) http_->stop();                      // after the streams' last chunks (it waits for them)
+    client_loop_->flush(std::chrono::seconds(2));  // the clients' last frames leave before the sockets close
+    client_loop_->stop();
+    worker_loop_->stop();
+    guard_->stop(status);
+    log_line(o_.quiet, "stopped");
+    return status;
+  }
+
+  const HeadOptions& o_;
+  SignalWaiter signals_;  // before any thread starts
+  model::ModelDir dir_;
+  core::SchedulerOptions sched_;
+  uint64_t fingerprint_ = 0;
+  std::string local_cost_;
+  std::shared_ptr<MetricsCollector> metrics_;
+  std::unique_ptr<HttpFront> http_;
+  caf::actor_system_config caf_cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  std::unique_ptr<transport::SocketLoop> client_loop_, worker_loop_;
+  transport::SocketId frontend_{}, backend_{};
+  std::shared_ptr<std::optional<actors::router_actor>> router_ref_ =
+      std::make_shared<std::optional<actors::router_actor>>();
+  std::shared_ptr<transport::ArrivalClock> arrivals_ = std::make_shared<transport::ArrivalClock>();
+  actors::batcher_actor batcher_;
+  actors::router_actor router_;
+  caf::actor gateway_;
+  size_t num_local_ = 0;
+  Fatal fatal_;  // before the guard: its watchers may fire while the guard stops the actors
+  std::unique_ptr<ShutdownGuard> guard_;
+};
+
+}  // namespace
+
+int run_head(const HeadOptions& o) { return HeadProcess(o).run(); }
 
 }  // namespace troupe::cluster
