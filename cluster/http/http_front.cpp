@@ -114,23 +114,34 @@ std::string reason_phrase(int status) {
   return std::string(r.data(), r.size());
 }
 
+// A response's status line and headers, through the blank line.
+std::string response_head(int status, unsigned version, const Headers& headers) {
+  std::string out = (version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ") + std::to_string(status) + " " +
+                    reason_phrase(status) + "\r\nServer: troupe\r\n";
+  for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
+  return out + "\r\n";
+}
+
 // A whole response: status line, headers, body.
 std::string response_bytes(int status, const std::string& content_type, const std::string& body, bool close,
                            unsigned version, const Headers& extra = {}) {
-  std::string out = (version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ") + std::to_string(status) + " " +
-                    reason_phrase(status) + "\r\n";
-  out += "Server: troupe\r\n";
-  if (!content_type.empty()) out += "Content-Type: " + content_type + "\r\n";
-  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  for (const auto& [k, v] : extra) out += k + ": " + v + "\r\n";
+  Headers headers;
+  if (!content_type.empty()) headers.emplace_back("Content-Type", content_type);
+  headers.emplace_back("Content-Length", std::to_string(body.size()));
+  headers.insert(headers.end(), extra.begin(), extra.end());
   if (close) {
-    out += "Connection: close\r\n";
+    headers.emplace_back("Connection", "close");
   } else if (version == 10) {
-    out += "Connection: keep-alive\r\n";
+    headers.emplace_back("Connection", "keep-alive");
   }
-  out += "\r\n";
-  out += body;
-  return out;
+  return response_head(status, version, headers) + body;
+}
+
+// Whether a read's error means only that the client went away (or the read
+// was cancelled): nothing to answer.
+bool client_went_away(const error_code& ec) {
+  return ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof ||
+         ec == asio::error::connection_reset || ec == asio::error::operation_aborted;
 }
 
 std::string sse(const json& j) { return "data: " + openai::dump(j) + "\n\n"; }
@@ -334,11 +345,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // From HttpFront::stop(): ends what the connection does (a stream's jobs are cancelled).
   void shut() {
     asio::post(socket_.get_executor(), [self = shared_from_this()] {
-      if (self->cphase_ == CPhase::kCollecting) {
-        self->end_request();
-        return self->send_error(ApiError{503, "the server is stopping", "server_error", "", ""}, true);
-      }
+      const bool collecting = self->cphase_ == CPhase::kCollecting;
       self->end_request();
+      if (collecting)
+        return self->send_error(ApiError{503, "the server is stopping", "server_error", "", ""}, true);
       self->close_now();
     });
   }
@@ -379,10 +389,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_header(error_code ec) {
     if (phase_ != Phase::kHeader) return;  // timed out: the 408 is on its way
     timer_.cancel();
-    if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
-      return close_now();
-    }
+    if (client_went_away(ec)) return close_now();
     version_ = 11;
     if (ec == http::error::header_limit) {
       return send_error(
@@ -432,10 +439,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     timer_.cancel();
     phase_ = Phase::kHandling;
     if (ec == http::error::body_limit) return too_large();
-    if (ec == http::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset ||
-        ec == asio::error::operation_aborted) {
-      return close_now();
-    }
+    if (client_went_away(ec)) return close_now();
     if (ec)
       return send_error(ApiError{400, "malformed HTTP request body: " + ec.message(), "", "", ""}, true);
     std::string body = std::move(body_->get().body());
@@ -678,12 +682,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     cphase_ = CPhase::kStreaming;
     chunked_ = version_ == 11;
     if (!chunked_) keep_alive_ = false;  // HTTP/1.0: the body ends when the connection does
-    std::string head = (version_ == 10 ? "HTTP/1.0" : "HTTP/1.1");
-    head +=
-        " 200 OK\r\nServer: troupe\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-        "X-Accel-Buffering: no\r\n";
-    head += chunked_ ? "Transfer-Encoding: chunked\r\n" : "Connection: close\r\n";
-    write(head + "\r\n");
+    Headers headers = {
+        {"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    headers.emplace_back(chunked_ ? "Transfer-Encoding" : "Connection", chunked_ ? "chunked" : "close");
+    write(response_head(200, version_, headers));
     for (auto& m : early) {
       if (cphase_ != CPhase::kStreaming) break;
       stream(m);
