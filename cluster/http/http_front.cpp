@@ -399,7 +399,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                    "invalid_request_error", "", ""},
           true);
     }
-    if (ec) return send_error(ApiError{400, "malformed HTTP request: " + ec.message(), "", "", ""}, true);
+    if (ec)
+      return send_error(
+          ApiError{400, "malformed HTTP request: " + ec.message(), "invalid_request_error", "", ""}, true);
     const auto& req = header_->get();
     version_ = req.version() == 10 ? 10 : 11;
     keep_alive_ = req.keep_alive();
@@ -441,7 +443,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (ec == http::error::body_limit) return too_large();
     if (client_went_away(ec)) return close_now();
     if (ec)
-      return send_error(ApiError{400, "malformed HTTP request body: " + ec.message(), "", "", ""}, true);
+      return send_error(
+          ApiError{400, "malformed HTTP request body: " + ec.message(), "invalid_request_error", "", ""},
+          true);
     std::string body = std::move(body_->get().body());
     body_.reset();
     dispatch(std::move(body));

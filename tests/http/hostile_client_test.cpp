@@ -371,6 +371,7 @@ TEST(HttpHostile, EachLimitAnswersWithItsStatus) {
   {
     auto [r, closed] = one("BLAH\r\n\r\n");
     EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(json::parse(r.body)["error"]["type"], "invalid_request_error") << r.body;
     EXPECT_TRUE(closed);
   }
   {
