@@ -456,8 +456,7 @@ void SocketLoop::Impl::drain_outbox() {
       flushes.push_back(std::move(c.flushed));  // set by retry_backlogs once no backlog holds a frame
     } else if (!is_server(c.socket)) {
       log(name(c.socket) + ": reconnecting to " + specs[c.socket].endpoint);
-      slots[c.socket].socket.reset();  // closing it ends its monitor
-      slots[c.socket].monitor.reset();
+      slots[c.socket].close();  // before the new one opens: frees its address and monitor
       slots[c.socket] = open(c.socket);
     }
   }

@@ -26,10 +26,18 @@ std::string random_routing_id() {
 
 std::string zap_domain(SocketId id) { return "troupe-" + std::to_string(id); }
 
+void OpenSocket::close() noexcept {
+  if (socket) zmq_socket_monitor(socket->handle(), nullptr, 0);  // no event is sent after this
+  socket.reset();
+  monitor.reset();
+}
+
 OpenSocket open_socket(zmq::context_t& ctx, SocketId id, const SocketOptions& o, size_t max_message_bytes,
                        const std::string& monitor_endpoint) {
   const bool server = o.role == SocketOptions::Role::kServer;
-  auto s = std::make_unique<zmq::socket_t>(ctx, server ? zmq::socket_type::router : zmq::socket_type::dealer);
+  OpenSocket out;  // closes both in order if a step below throws
+  out.socket = std::make_unique<zmq::socket_t>(ctx, server ? zmq::socket_type::router : zmq::socket_type::dealer);
+  zmq::socket_t* s = out.socket.get();
   s->set(zmq::sockopt::linger, 0);
   s->set(zmq::sockopt::sndhwm, o.send_hwm);
   s->set(zmq::sockopt::rcvhwm, o.recv_hwm);
@@ -40,9 +48,13 @@ OpenSocket open_socket(zmq::context_t& ctx, SocketId id, const SocketOptions& o,
   }
   if (zmq_socket_monitor(s->handle(), monitor_endpoint.c_str(), watched_events(server)) != 0)
     throw zmq::error_t();
-  auto monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
-  monitor->set(zmq::sockopt::linger, 0);
-  monitor->connect(monitor_endpoint);
+  out.monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+  out.monitor->set(zmq::sockopt::linger, 0);
+  // No bound on the events waiting for the loop's next tick (inproc: a 0 on
+  // either end makes the pipe unbounded): a full pipe would block libzmq's
+  // I/O thread, and a flood of failing handshakes must not stall the sockets.
+  out.monitor->set(zmq::sockopt::rcvhwm, 0);
+  out.monitor->connect(monitor_endpoint);
   if (server) {
     // A send to a vanished peer fails (EHOSTUNREACH), one to a full queue would block (EAGAIN).
     s->set(zmq::sockopt::router_mandatory, true);
@@ -66,7 +78,7 @@ OpenSocket open_socket(zmq::context_t& ctx, SocketId id, const SocketOptions& o,
     }
     s->connect(o.endpoint);
   }
-  return {std::move(s), std::move(monitor)};
+  return out;
 }
 
 }  // namespace troupe::transport
