@@ -1,26 +1,12 @@
 #include "cluster/client.hpp"
 
+#include "cluster/control_plane.hpp"
 #include "transport/dispatch.hpp"
 
 namespace troupe::cluster {
-namespace {
 
-transport::LoopOptions loop_options(const ClientOptions& o) {
-  transport::LoopOptions lo;
-  lo.max_frame_bytes = o.max_frame_bytes;
-  if (o.quiet) lo.log = [](const std::string&) {};
-  return lo;
-}
-
-}  // namespace
-
-Client::Client(const ClientOptions& o) : loop_(loop_options(o)) {
-  transport::SocketOptions so;
-  so.role = transport::SocketOptions::Role::kClient;
-  so.endpoint = o.endpoint;
-  so.name = "head";
-  so.curve_client = o.curve;
-  socket_ = loop_.add_socket(so);
+Client::Client(const ClientOptions& o) : loop_(loop_options(o.max_frame_bytes, o.quiet)) {
+  socket_ = loop_.add_socket(client_socket(o.endpoint, "head", o.curve));
   loop_.on_frame(
       transport::decode_frames(loop_, [this](transport::SocketId, const std::string&,
                                              transport::Message&& m) { inbox_.push(std::move(m)); }));

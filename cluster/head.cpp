@@ -34,13 +34,6 @@ void log_line(bool quiet, const std::string& line) {
   if (!quiet) std::cerr << "troupe serve: " + line + "\n" << std::flush;
 }
 
-// The local workers: one per device, or `workers` CPU workers sharing the
-// usable CPUs.
-std::vector<std::string> local_devices(const HeadOptions& o) {
-  if (o.devices.size() == 1 && o.devices[0] == "cpu") return std::vector<std::string>(o.workers, "cpu");
-  return o.devices;
-}
-
 // The model folder's own name ("models/gpt2/" -> "gpt2"), as vLLM names a
 // model after its path by default.
 std::string served_model_name(std::string dir) {
@@ -77,7 +70,7 @@ class Fatal {
 // device, each with its own KV pool and threads.
 std::vector<LocalWorker> local_workers(const HeadOptions& o, const model::ModelDir& dir,
                                        const core::SchedulerOptions& sched, const std::string& cost) {
-  const std::vector<std::string> devices = local_devices(o);
+  const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
   std::vector<LocalWorker> out;
   if (devices.empty()) return out;
   const auto budgets = model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()),
@@ -91,18 +84,6 @@ std::vector<LocalWorker> local_workers(const HeadOptions& o, const model::ModelD
         {devices[i], actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr}, cost});
   }
   return out;
-}
-
-transport::SocketOptions server_socket(const std::string& endpoint, const std::string& name,
-                                       const std::optional<transport::CurveServerKeys>& curve,
-                                       bool insecure) {
-  transport::SocketOptions s;
-  s.role = transport::SocketOptions::Role::kServer;
-  s.endpoint = endpoint;
-  s.name = name;
-  s.curve_server = curve;
-  s.insecure = insecure;
-  return s;
 }
 
 // The head's process, its life in named steps: build (the model, the HTTP
@@ -159,8 +140,7 @@ class HeadProcess {
   // One socket loop (one thread) for the clients and one for the workers: no
   // number or size of client frames can delay a worker's heartbeat or result.
   void build_sockets() {
-    configure_control_plane(caf_cfg_, 2);
-    sys_ = std::make_unique<caf::actor_system>(caf_cfg_);
+    actors_ = std::make_unique<ControlPlaneSystem>(2);
     transport::LoopOptions client_lo = loop_options(o_.max_client_frame_bytes, o_.quiet);
     client_lo.max_peer_backlog_frames = o_.max_client_backlog_frames;
     // A client whose backlog passes its bound is cut: what was queued for it
@@ -184,28 +164,28 @@ class HeadProcess {
     std::shared_ptr<core::StepLog> step_log;
     if (!o_.step_log.empty() && !(step_log = core::StepLog::to_file(o_.step_log)))
       throw std::runtime_error("--step-log " + o_.step_log + ": cannot write it");
-    batcher_ = actors::spawn_batcher(*sys_, o_.batcher, step_log);
+    batcher_ = actors::spawn_batcher(sys(), o_.batcher, step_log);
     actors::RouterOptions ro;
     ro.max_queue = o_.max_queue;
     ro.max_model_len = dir_.config.n_positions;
     ro.vocab_size = dir_.config.vocab_size;
     ro.eos_id = dir_.config.eos_token_id;
     ro.seed = o_.seed;
-    router_ = actors::spawn_router(*sys_, dir_.tokenizer, ro, batcher_, client_sink());
+    router_ = actors::spawn_router(sys(), dir_.tokenizer, ro, batcher_, client_sink());
     *router_ref_ = router_;
     GatewayConfig gc = gateway_config();
     num_local_ = gc.local.size();
-    gateway_ = spawn_gateway(*sys_, std::move(gc), batcher_);
+    gateway_ = spawn_gateway(sys(), std::move(gc), batcher_);
     caf::anon_send(batcher_, actors::listen_atom::value, router_, gateway_);
     // From here on every way out stops the actors first (a failed bind included).
     guard_ = std::make_unique<ShutdownGuard>(
-        *sys_,
+        sys(),
         std::vector<caf::actor>{gateway_, caf::actor_cast<caf::actor>(router_),
                                 caf::actor_cast<caf::actor>(batcher_)},
         "troupe serve", o_.quiet);
-    fatal_.watch(*sys_, caf::actor_cast<caf::actor>(router_), "router");
-    fatal_.watch(*sys_, caf::actor_cast<caf::actor>(batcher_), "batcher");
-    fatal_.watch(*sys_, gateway_, "gateway");
+    fatal_.watch(sys(), caf::actor_cast<caf::actor>(router_), "router");
+    fatal_.watch(sys(), caf::actor_cast<caf::actor>(batcher_), "batcher");
+    fatal_.watch(sys(), gateway_, "gateway");
   }
 
   // Every reply is observed for /metrics, then goes to the front of its
@@ -251,13 +231,10 @@ class HeadProcess {
   // Frames flow: workers' to the gateway, clients' to the router; the HTTP
   // front serves; the ready file names the endpoints.
   void start() {
-    worker_loop_->on_frame(transport::decode_frames(
-        *worker_loop_, [gateway = gateway_, arrivals = arrivals_](
-                           transport::SocketId, const std::string& peer, transport::Message&& m) {
-          arrivals->stamp(peer, transport::Clock::now());
-          if (TROUPE_FAILPOINT("head.recv").action == fail::Action::kDrop) return;
-          caf::anon_send(gateway, frame_atom::value, peer, std::move(m));
-        }));
+    frames_to(*worker_loop_, gateway_, [arrivals = arrivals_](const std::string& peer) {
+      arrivals->stamp(peer, transport::Clock::now());
+      return TROUPE_FAILPOINT("head.recv").action != fail::Action::kDrop;
+    });
     transport::SubmitLimits limits;
     limits.max_prompt_ids = static_cast<size_t>(dir_.config.n_positions);
     limits.max_prompt_bytes =
@@ -313,13 +290,13 @@ class HeadProcess {
     log_line(o_.quiet, "stopping: no new jobs; finishing the ones in flight");
     caf::anon_send(router_, actors::shutdown_atom::value);
     const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout;
-    caf::scoped_actor self{*sys_};  // gone before the guard waits for every actor (it counts as one)
+    caf::scoped_actor self{sys()};  // gone before the guard waits for every actor (it counts as one)
     bool idle = false, second_signal = false;
     while (!idle && !second_signal && !fatal_.set() && std::chrono::steady_clock::now() < deadline) {
       self->request(router_, std::chrono::seconds(5), actors::idle_atom::value)
           .receive([&](bool i) { idle = i; },
                    [&](caf::error& e) {
-                     log_line(o_.quiet, "router does not answer (" + sys_->render(e) + "); stopping");
+                     log_line(o_.quiet, "router does not answer (" + sys().render(e) + "); stopping");
                      idle = true;
                    });
       if (!idle) second_signal = signals_.wait(std::chrono::milliseconds(100)).has_value();  // stop now
@@ -333,8 +310,10 @@ class HeadProcess {
     self->request(router_, std::chrono::seconds(5), actors::abort_atom::value, why)
         .receive(
             [&](int32_t n) { log_line(o_.quiet, std::to_string(n) + " job(s) unfinished: " + why); },
-            [&](caf::error& e) { log_line(o_.quiet, "router does not answer (" + sys_->render(e) + ")"); });
+            [&](caf::error& e) { log_line(o_.quiet, "router does not answer (" + sys().render(e) + ")"); });
   }
+
+  caf::actor_system& sys() { return *actors_->system; }
 
   int stop(int status) {
     if (http_) http_->stop();                      // after the streams' last chunks (it waits for them)
@@ -354,8 +333,7 @@ class HeadProcess {
   std::string local_cost_;
   std::shared_ptr<MetricsCollector> metrics_;
   std::unique_ptr<HttpFront> http_;
-  caf::actor_system_config caf_cfg_;
-  std::unique_ptr<caf::actor_system> sys_;
+  std::unique_ptr<ControlPlaneSystem> actors_;
   std::unique_ptr<transport::SocketLoop> client_loop_, worker_loop_;
   transport::SocketId frontend_{}, backend_{};
   std::shared_ptr<std::optional<actors::router_actor>> router_ref_ =

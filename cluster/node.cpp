@@ -302,25 +302,31 @@ std::string default_name() {
   return std::string(host) + ":" + std::to_string(getpid());
 }
 
-}  // namespace
-
-int run_node(const NodeOptions& o) {
-  SignalWaiter signals;  // before any thread starts
-  model::ModelDir dir = model::load_model_dir(o.model_dir);
-  const model::Gpt2Config& cfg = dir.config;
-  const int32_t blocks =
-      o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size);
-  const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
-  std::vector<std::string> devices = o.devices;
-  if (devices.size() == 1 && devices[0] == "cpu") devices.assign(static_cast<size_t>(o.workers), "cpu");
-  if (devices.empty()) throw std::invalid_argument("a worker node needs at least one worker");
-
+// What a node brings: its workers' factories and how it describes them to
+// the head (Register).
+struct NodeWorkers {
   transport::Register reg;
-  reg.node = o.name.empty() ? default_name() : o.name;
   std::vector<actors::WorkerParams> factories;
-  const auto budgets =
-      model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
-  std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
+  int32_t blocks = 0;
+};
+
+// The step-cost model the head's step deadlines use: the emulation's own, or
+// a profile of this node's workers, or none (the head fits one).
+std::string node_cost(const NodeOptions& o, const std::optional<sim::CostProfile>& emulated) {
+  if (emulated) return emulated->cost.scaled(o.emulate_time_scale).to_json().dump();
+  if (!o.cost_profile.empty()) return sim::read_cost_profile(o.cost_profile).cost.to_json().dump();
+  return {};
+}
+
+// One worker per device: the model (its weights shared per device) or, with
+// --emulate, the cost profile's step times.
+NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
+  const model::Gpt2Config& cfg = dir.config;
+  const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
+  if (devices.empty()) throw std::invalid_argument("a worker node needs at least one worker");
+  NodeWorkers nw;
+  nw.blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size);
+  nw.reg.node = o.name.empty() ? default_name() : o.name;
   std::optional<sim::CostProfile> profile;
   if (!o.emulate.empty()) {
     profile = sim::read_cost_profile(o.emulate);
@@ -331,83 +337,80 @@ int run_node(const NodeOptions& o) {
                 << cfg.n_embd << " wide) and take the profile's step times\n";
     }
   }
-  // The step-cost model the head's step deadlines use: the emulation's own,
-  // or a profile of this node's workers, or none (the head fits one).
-  std::string cost;
-  if (profile) {
-    sim::CostModel scaled = profile->cost.scaled(o.emulate_time_scale);
-    cost = scaled.to_json().dump();
-  } else if (!o.cost_profile.empty()) {
-    cost = sim::read_cost_profile(o.cost_profile).cost.to_json().dump();
-  }
+  const std::string cost = node_cost(o, profile);
+  const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
+  const auto budgets =
+      model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
+  std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
   for (size_t i = 0; i < devices.size(); ++i) {
-    ModelWorkerConfig wc{nullptr, blocks, o.block_size, budgets[i]};
+    ModelWorkerConfig wc{nullptr, nw.blocks, o.block_size, budgets[i]};
     if (profile) {
-      EmulatedWorkerConfig ec{profile->cost, {blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
+      EmulatedWorkerConfig ec{profile->cost, {nw.blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
                               cfg.eos_token_id, o.emulate_time_scale};
-      factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
+      nw.factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
     } else {
       auto& m = models[devices[i]];
       if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
       wc.model = m;
-      factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
+      nw.factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
     }
     transport::WorkerInfo info;
     info.index = static_cast<uint32_t>(i);
     info.device = profile ? "emulated" : devices[i];
-    info.num_blocks = blocks;
+    info.num_blocks = nw.blocks;
     info.block_size = o.block_size;
     info.max_model_len = cfg.n_positions;
     info.vocab_size = cfg.vocab_size;
     info.threads = profile ? 0 : wc.threads.intra_op_threads;
     info.fingerprint = fingerprint;
-    info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size) * blocks;
+    info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size) * nw.blocks;
     info.cost = cost;
-    reg.workers.push_back(info);
+    nw.reg.workers.push_back(info);
   }
+  return nw;
+}
+
+// Until the node actor finishes (the head said shutdown, a drain ended, a
+// handshake failed for good) or a second signal; the first signal drains.
+int wait_for_node(SignalWaiter& signals, std::future<int>& exited, const caf::actor& node) {
+  bool draining = false;
+  for (;;) {
+    if (exited.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready) return exited.get();
+    if (signals.wait(std::chrono::milliseconds(200))) {
+      if (draining) return 0;  // a second signal: leave now
+      draining = true;
+      caf::anon_send(node, actors::wdrain_atom::value, uint64_t{0});
+    }
+  }
+}
+
+}  // namespace
+
+int run_node(const NodeOptions& o) {
+  SignalWaiter signals;  // before any thread starts
+  model::ModelDir dir = model::load_model_dir(o.model_dir);
+  NodeWorkers workers = node_workers(o, dir);
   model::release_weights(dir);
 
-  caf::actor_system_config caf_cfg;
-  configure_control_plane(caf_cfg, 1);
-  caf::actor_system sys{caf_cfg};
+  ControlPlaneSystem actors(1);
   transport::SocketLoop loop(loop_options(o.max_frame_bytes, o.quiet));
-  transport::SocketOptions so;
-  so.role = transport::SocketOptions::Role::kClient;
-  so.endpoint = o.join;
-  so.name = "head";
-  so.curve_client = o.curve;
-  const transport::SocketId socket = loop.add_socket(so);
-
+  const transport::SocketId socket = loop.add_socket(client_socket(o.join, "head", o.curve));
   auto exit = std::make_shared<std::promise<int>>();
   std::future<int> exited = exit->get_future();
-  auto gw = sys.spawn(node, &loop, socket, o, reg, factories, exit);
-  ShutdownGuard guard(sys, {caf::actor_cast<caf::actor>(gw)}, "troupe worker", o.quiet);
-  loop.on_frame(transport::decode_frames(
-      loop, [gw](transport::SocketId, const std::string& peer, transport::Message&& m) {
-        caf::anon_send(gw, frame_atom::value, peer, std::move(m));
-      }));
+  auto gw = caf::actor_cast<caf::actor>(
+      actors.system->spawn(node, &loop, socket, o, workers.reg, std::move(workers.factories), exit));
+  ShutdownGuard guard(*actors.system, {gw}, "troupe worker", o.quiet);
+  frames_to(loop, gw);
   loop.on_socket_event(
       [gw, verdict = transport::HandshakeVerdict()](transport::SocketId, const transport::SocketEvent& e) mutable {
         if (verdict.give_up(e)) caf::anon_send(gw, handshake_atom::value, e.reason);
       });
   loop.start();
   if (!o.quiet) {
-    std::cerr << "troupe worker: node '" << reg.node << "' with " << devices.size() << " worker(s), "
-              << blocks << " KV blocks each, joining " << o.join << std::endl;
+    std::cerr << "troupe worker: node '" << workers.reg.node << "' with " << workers.reg.workers.size()
+              << " worker(s), " << workers.blocks << " KV blocks each, joining " << o.join << std::endl;
   }
-  int status = 0;
-  bool draining = false;
-  for (;;) {
-    if (exited.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready) {
-      status = exited.get();
-      break;
-    }
-    if (signals.wait(std::chrono::milliseconds(200))) {
-      if (draining) break;  // a second signal: leave now
-      draining = true;
-      caf::anon_send(gw, actors::wdrain_atom::value, uint64_t{0});
-    }
-  }
+  const int status = wait_for_node(signals, exited, gw);
   // Tell the head we are gone (it moves what we held) unless it told us to go.
   loop.send_message(socket, {}, transport::Shutdown{});
   loop.flush(std::chrono::milliseconds(500));  // the last frame leaves before the socket closes
