@@ -43,6 +43,7 @@ enum class Phase { kRegistering, kMember, kDraining, kDone };
 // kept until the head acknowledges them.
 struct Slot {
   worker_actor actor;
+  uint64_t handle = 0;  // what the worker actor tags its results with (NodeState::slot_of)
   std::shared_ptr<actors::WorkerProgress> progress = std::make_shared<actors::WorkerProgress>();
   transport::InOrder<core::StepPlan> plans;
   transport::Unacked results;
@@ -54,10 +55,13 @@ struct NodeState {
   transport::Register reg;
   std::string join;                             // the head's endpoint (log lines)
   std::vector<actors::WorkerParams> factories;  // one per worker index
-  std::vector<Slot> slots;                      // one per worker index, this generation's
+  std::vector<Slot> slots;                      // one per worker index, the current workers
   // The worker actors, shared with the exit hook that stops them with the node.
   std::shared_ptr<std::vector<worker_actor>> actors = std::make_shared<std::vector<worker_actor>>();
-  uint32_t generation = 0;  // results of an older generation of workers are dropped
+  // Each worker actor spawned gets a handle never given before; a result
+  // whose handle is not here comes from a worker since replaced, and is dropped.
+  uint64_t next_handle = 1;
+  std::map<uint64_t, uint32_t> slot_of;  // handle -> worker index
   Phase phase = Phase::kRegistering;
   bool ever_member = false;
   Clock::time_point started = Clock::now();
@@ -99,9 +103,11 @@ void respawn(Self self) {
   for (auto& w : *st.actors) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   st.actors->clear();
   st.slots.clear();
-  ++st.generation;
+  st.slot_of.clear();
   for (auto params : st.factories) {
     Slot slot;
+    slot.handle = st.next_handle++;
+    st.slot_of[slot.handle] = static_cast<uint32_t>(st.slots.size());
     params.progress = slot.progress;
     slot.actor = actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self));
     st.actors->push_back(slot.actor);
@@ -157,10 +163,9 @@ void on_plan(Self self, transport::Plan& plan) {
   if (TROUPE_FAILPOINT("node.recv_plan").action == fail::Action::kDrop) return;  // lost: the head resends it
   Slot& slot = st.slots[plan.worker];
   slot.results.acked(plan.ack);
-  const uint64_t id = (static_cast<uint64_t>(st.generation) << 32) | plan.worker;
   const uint64_t step = plan.plan.step_id;
   for (core::StepPlan& p : slot.plans.arrive(step, std::move(plan.plan)))
-    self->send(slot.actor, actors::plan_atom::value, id, std::move(p));
+    self->send(slot.actor, actors::plan_atom::value, slot.handle, std::move(p));
 }
 
 // The head says which results it holds: send again what it lacks.
@@ -261,11 +266,11 @@ node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport
   self->send(self, actors::tick_atom::value);
   const auto drain_timeout = options.drain_timeout;
   return {
-      [=](actors::result_atom, uint64_t id, core::StepResult& result) {
+      [=](actors::result_atom, uint64_t handle, core::StepResult& result) {
         auto& s = self->state;
-        if ((id >> 32) != s.generation || s.phase == Phase::kRegistering)
-          return;  // from workers since replaced
-        const uint32_t index = static_cast<uint32_t>(id & 0xffffffffu);
+        const auto found = s.slot_of.find(handle);
+        if (found == s.slot_of.end() || s.phase == Phase::kRegistering) return;  // from workers since replaced
+        const uint32_t index = found->second;
         const uint64_t step = result.step_id;
         std::string body = transport::encode(transport::Result{index, std::move(result)});
         s.slots[index].results.sent(step, body, Clock::now());
