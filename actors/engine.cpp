@@ -4,7 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "actors/output_text.hpp"
+#include "actors/router/output_text.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/step_executor.hpp"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/router_core.hpp"
+#include "actors/router/router_core.hpp"
 #include "caf/all.hpp"
 #include "core/batcher.hpp"
 #include "core/request.hpp"

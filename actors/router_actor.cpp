@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "actors/batcher_actor.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::actors {
 namespace {

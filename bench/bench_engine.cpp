@@ -22,8 +22,8 @@
 #include "model/config.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/threading.hpp"
-#include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 
 using namespace troupe;

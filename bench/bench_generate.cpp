@@ -19,8 +19,8 @@
 #include "model/config.hpp"
 #include "model/generate.hpp"
 #include "model/gpt2.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/threading.hpp"
-#include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 
 using namespace troupe::model;

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/engine.hpp"
-#include "actors/router_core.hpp"
+#include "actors/router/router_core.hpp"
 #include "cli/command.hpp"
 #include "cli/job_json.hpp"
 #include "cluster/http/json_input.hpp"

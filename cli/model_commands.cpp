@@ -16,7 +16,7 @@
 #include "model/config.hpp"
 #include "model/download.hpp"
 #include "model/model_dir.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "model/sampler.hpp"
-#include "model/stop_matcher.hpp"
+#include "model/text/stop_matcher.hpp"
 
 namespace troupe::model {
 namespace {

@@ -25,7 +25,7 @@
 
 #include "model/gpt2.hpp"
 #include "model/sampler.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::model {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "model/config.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/weights.hpp"
 
 namespace troupe::model {

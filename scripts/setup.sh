@@ -86,7 +86,7 @@ if [ -z "${SKIP_TOOLS:-}" ]; then
       || { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends qemu-user >/dev/null; }
   fi
   # pinned: openai 7.x needs Node >= 22; tiktoken 1.0.22 (OpenAI's tokenizer, Rust compiled to WASM) is
-  # the reference of the tokenizer's differential tests, with Unicode 16's tables (tests/model/tokenizer_reference_test.cpp)
+  # the reference of the tokenizer's differential tests, with Unicode 16's tables (tests/text/tokenizer_reference_test.cpp)
   NPM_TOOLS=(openai@6.30.1 tiktoken@1.0.22)
   for spec in "${NPM_TOOLS[@]}"; do
     manifest="$TOOLS_DIR/node/node_modules/${spec%@*}/package.json"

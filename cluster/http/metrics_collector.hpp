@@ -18,7 +18,7 @@
 #include <string>
 #include <utility>
 
-#include "actors/router_core.hpp"
+#include "actors/router/router_core.hpp"
 #include "cluster/http/prometheus.hpp"
 
 namespace troupe::cluster {

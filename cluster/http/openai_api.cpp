@@ -5,7 +5,7 @@
 
 #include "cluster/http/json_input.hpp"
 #include "core/splitmix.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::cluster::openai {
 namespace {

@@ -13,7 +13,7 @@
 #include "actors/worker_actor.hpp"
 #include "caf/scheduler/test_coordinator.hpp"
 #include "core/sequence_table.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::actors {

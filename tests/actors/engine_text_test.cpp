@@ -4,7 +4,7 @@
 
 #include "actors/engine.hpp"
 #include "core/sequence_table.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::actors {

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "actors/router_core.hpp"
-#include "model/tokenizer.hpp"
+#include "actors/router/router_core.hpp"
+#include "model/text/tokenizer.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::cluster::openai {

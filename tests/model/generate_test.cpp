@@ -10,7 +10,7 @@
 
 #include "model/config.hpp"
 #include "model/gpt2.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "test_utils.hpp"
 

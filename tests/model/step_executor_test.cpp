@@ -15,7 +15,7 @@
 #include "model/generate.hpp"
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "test_utils.hpp"
 

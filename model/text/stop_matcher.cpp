@@ -1,4 +1,4 @@
-#include "model/stop_matcher.hpp"
+#include "model/text/stop_matcher.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "model/pretokenizer.hpp"
-#include "model/utf8.hpp"
+#include "model/text/pretokenizer.hpp"
+#include "model/text/utf8.hpp"
 
 namespace troupe::model {
 

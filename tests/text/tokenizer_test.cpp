@@ -1,6 +1,6 @@
 // Tokenizer: GPT-2 byte-level BPE against ids known from GPT-2's vocabulary,
 // round trips over tricky text, ill-formed UTF-8, streaming decode.
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "model/pretokenizer.hpp"
-#include "model/utf8.hpp"
+#include "model/text/pretokenizer.hpp"
+#include "model/text/utf8.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::model {

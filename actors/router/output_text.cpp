@@ -1,4 +1,4 @@
-#include "actors/output_text.hpp"
+#include "actors/router/output_text.hpp"
 
 #include <utility>
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "model/stop_matcher.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/stop_matcher.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::actors {
 

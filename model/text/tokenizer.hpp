@@ -5,7 +5,7 @@
 //
 // encode: "<|endoftext|>" in the text is the special id (50256), as Hugging
 // Face splits added tokens out before BPE (tiktoken with allowed_special="all");
-// the text between is pre-tokenized by GPT-2's pattern (model/pretokenizer.hpp),
+// the text between is pre-tokenized by GPT-2's pattern (model/text/pretokenizer.hpp),
 // each piece's bytes mapped to GPT-2's printable byte alphabet and merged by
 // the lowest-ranked pair of merges.txt, all occurrences of a pair left to right
 // per round (OpenAI's encoder.py), in O(n log n) for a piece of n bytes.
@@ -14,7 +14,7 @@
 //
 // Copies share one immutable vocabulary (cheap to copy); every method may be
 // called from many threads at once (the BPE cache is sharded and locked).
-// Torch-free: the scheduler includes this header.
+// Torch-free (model/text/, troupe_text): RouterCore and the router actor use it.
 #include <cstdint>
 #include <memory>
 #include <string>

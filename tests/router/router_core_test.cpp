@@ -1,13 +1,13 @@
 // RouterCore with GPT-2's real tokenizer: validation and rejection codes,
 // ids and seeds, the queue bound, streaming text with stop strings, cancel and
 // vanished clients, timings.
-#include "actors/router_core.hpp"
+#include "actors/router/router_core.hpp"
 
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::actors {

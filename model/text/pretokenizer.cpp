@@ -1,4 +1,4 @@
-#include "model/pretokenizer.hpp"
+#include "model/text/pretokenizer.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 #include "test_utils.hpp"
 
 namespace troupe::model {
@@ -25,7 +25,7 @@ using test::run_command;
 using test::shell_quote;
 
 // Letters and numbers new in Unicode 17.0. troupe's pattern follows Python's
-// `regex` (Unicode 17: model/pretokenizer.cpp); tiktoken 1.0.22 has Unicode 16's
+// `regex` (Unicode 17: model/text/pretokenizer.cpp); tiktoken 1.0.22 has Unicode 16's
 // tables, so next to an apostrophe, a letter or a digit these split differently.
 // They are the only code points where the two disagree (each code point compared
 // in six contexts, 2026-12-03: docs/architecture.md, "The tokenizer against
@@ -92,7 +92,7 @@ std::vector<Ids> tiktoken_encode(const std::vector<std::string>& texts) {
     std::ofstream in(dir.file("texts.jsonl"), std::ios::binary);
     for (const std::string& t : texts) in << nlohmann::json(t).dump() << '\n';
   }
-  const std::string script = std::string(TROUPE_TEST_DIR) + "/model/tiktoken_encode.cjs";
+  const std::string script = std::string(TROUPE_TEST_DIR) + "/text/tiktoken_encode.cjs";
   const auto r = run_command("NODE_PATH=" + shell_quote(node_modules()) + " node " + shell_quote(script) +
                                  " < " + shell_quote(dir.file("texts.jsonl")),
                              /*merge_stderr=*/false);

@@ -1,11 +1,11 @@
-#include "actors/router_core.hpp"
+#include "actors/router/router_core.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "actors/output_text.hpp"
+#include "actors/router/output_text.hpp"
 #include "core/splitmix.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace troupe::actors {
 namespace {
