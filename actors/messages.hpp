@@ -48,6 +48,7 @@ using plan_atom = caf::atom_constant<caf::atom("plan")>;  // (worker id, StepPla
 
 }  // namespace troupe::actors
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ClientId)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::Job)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::BatcherStatus)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StatusReport)

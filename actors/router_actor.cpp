@@ -45,17 +45,17 @@ router_actor::behavior_type router(Self self, const model::Tokenizer* tokenizer,
   st.sink = std::move(sink);
   st.started_ns = now_ns(self);
   return {
-      [=](submit_atom, const std::string& client, const Job& job) {
+      [=](submit_atom, const ClientId& client, const Job& job) {
         RouterOutput out;
         self->state.core->on_submit(client, job, now_ns(self), out);
         flush(self, out);
       },
-      [=](cancel_atom, const std::string& client, uint64_t tag) {
+      [=](cancel_atom, const ClientId& client, uint64_t tag) {
         RouterOutput out;
         self->state.core->on_cancel(client, tag, now_ns(self), out);
         flush(self, out);
       },
-      [=](gone_atom, const std::string& client) {
+      [=](gone_atom, const ClientId& client) {
         RouterOutput out;
         self->state.core->on_client_gone(client, out);
         flush(self, out);
@@ -66,7 +66,7 @@ router_actor::behavior_type router(Self self, const model::Tokenizer* tokenizer,
         flush(self, out);
       },
       [=](workers_atom, int32_t n) { self->state.core->set_workers(n); },
-      [=](status_atom, const std::string& client) {
+      [=](status_atom, const ClientId& client) {
         const double uptime = static_cast<double>(now_ns(self) - self->state.started_ns) / 1e9;
         self->request(self->state.batcher, std::chrono::seconds(5), stats_atom::value)
             .then(

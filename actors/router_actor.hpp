@@ -18,9 +18,9 @@ class Tokenizer;
 namespace troupe::actors {
 
 using router_actor = caf::typed_actor<
-    caf::reacts_to<submit_atom, std::string, Job>, caf::reacts_to<cancel_atom, std::string, uint64_t>,
-    caf::reacts_to<gone_atom, std::string>, caf::reacts_to<events_atom, std::vector<core::RequestEvent>>,
-    caf::reacts_to<workers_atom, int32_t>, caf::reacts_to<status_atom, std::string>,
+    caf::reacts_to<submit_atom, ClientId, Job>, caf::reacts_to<cancel_atom, ClientId, uint64_t>,
+    caf::reacts_to<gone_atom, ClientId>, caf::reacts_to<events_atom, std::vector<core::RequestEvent>>,
+    caf::reacts_to<workers_atom, int32_t>, caf::reacts_to<status_atom, ClientId>,
     caf::reacts_to<shutdown_atom>, caf::replies_to<idle_atom>::with<bool>,
     caf::replies_to<abort_atom, std::string>::with<int32_t>>;
 

@@ -23,7 +23,7 @@ namespace troupe::cluster {
 // idle work-stealing thread polls its queue and its peers', sleeping 50 us
 // between tries for its first 500 tries after every message, which on a
 // small machine takes CPU from the forward pass running beside it (measured
-// in docs/threading.md); a work-sharing thread blocks on a condition
+// in docs/benchmarks.md, "Threading policy"); a work-sharing thread blocks on a condition
 // variable until a message comes. TROUPE_CAF_POLICY=stealing brings CAF's
 // default back (for measuring the difference).
 inline void configure_control_plane(caf::actor_system_config& cfg, size_t threads) {

@@ -189,11 +189,11 @@ class HeadProcess {
   }
 
   // Every reply is observed for /metrics, then goes to the front of its
-  // client: "h..." the HTTP front, "z..." the ZeroMQ one. A reply the client
+  // client (ClientId::front). A reply the client
   // loop cannot take ends that client's jobs (the router hears "gone"), as a
   // client that vanished: never a silent gap in a stream.
   actors::ClientSink client_sink() {
-    auto unsent = [router_ref = router_ref_, loop = client_loop_.get()](const std::string& client) {
+    auto unsent = [router_ref = router_ref_, loop = client_loop_.get()](const actors::ClientId& client) {
       loop->log("frontend: a reply for a client could not be queued; its jobs end");
       if (*router_ref) caf::anon_send(**router_ref, actors::gone_atom::value, client);
     };
@@ -203,10 +203,13 @@ class HeadProcess {
           metrics->observe(r, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                   std::chrono::steady_clock::now().time_since_epoch())
                                   .count());
-          if (!r.client.empty() && r.client[0] == 'h') {
-            if (http_sink) http_sink(r);
-          } else {
-            zmq_sink(r);
+          switch (r.client.front) {
+            case actors::Front::kHttp:
+              if (http_sink) http_sink(r);
+              break;
+            case actors::Front::kZmq:
+              zmq_sink(r);
+              break;
           }
         };
   }
@@ -248,8 +251,8 @@ class HeadProcess {
         },
         limits));
     auto client_gone = [router = router_, metrics = metrics_](transport::SocketId, const std::string& peer) {
-      caf::anon_send(router, actors::gone_atom::value, zmq_client_id(peer));
-      metrics->forget(zmq_client_id(peer));
+      caf::anon_send(router, actors::gone_atom::value, actors::ClientId::zmq(peer));
+      metrics->forget(actors::ClientId::zmq(peer));
     };
     client_loop_->on_undeliverable(client_gone);
     client_loop_->on_lagging(client_gone);

@@ -2,8 +2,6 @@
 
 namespace troupe::cluster {
 
-std::string zmq_client_id(const std::string& peer) { return "z" + peer; }
-
 transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue) {
   transport::StatusReply s;
   for (const core::WorkerStats& w : r.batcher.workers) {
@@ -39,10 +37,9 @@ transport::StatusReply to_wire(const actors::StatusReport& r, int32_t max_queue)
 }
 
 actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::SocketId frontend,
-                                   int32_t max_queue, std::function<void(const std::string& client)> unsent) {
+                                   int32_t max_queue, std::function<void(const actors::ClientId& client)> unsent) {
   return [&loop, frontend, max_queue, unsent = std::move(unsent)](const actors::Reply& reply) {
-    if (reply.client.empty() || reply.client[0] != 'z') return;
-    const std::string peer = reply.client.substr(1);
+    const std::string& peer = reply.client.peer;
     const bool sent = std::visit(
         [&](const auto& m) {
           using T = std::decay_t<decltype(m)>;
@@ -60,7 +57,7 @@ actors::ClientSink zmq_client_sink(transport::SocketLoop& loop, transport::Socke
 void forward_client_message(transport::SocketLoop& loop, transport::SocketId frontend,
                             const actors::router_actor& router, const std::string& peer,
                             transport::Message&& message) {
-  const std::string client = zmq_client_id(peer);
+  const actors::ClientId client = actors::ClientId::zmq(peer);
   if (auto* s = std::get_if<transport::Submit>(&message)) {
     caf::anon_send(router, actors::submit_atom::value, client, std::move(*s));
   } else if (auto* c = std::get_if<transport::Cancel>(&message)) {

@@ -5,8 +5,8 @@
 // allocations touched a line or two at a time (the simulator: every worker's
 // sequences, block tables and prefix-cache names, a few hundred MiB visited
 // in turn). With 4 KiB pages nearly each touch is a TLB miss, and in a VM a
-// miss is a nested page walk; with 2 MiB pages the same run took 20-30% less
-// wall time (docs/simulation.md "Speed"). glibc (>= 2.35) backs its heap with
+// miss is a nested page walk; with 2 MiB pages the same run took 13-27% less
+// wall time on Zen 5 (docs/benchmarks.md "The simulator's speed"). glibc (>= 2.35) backs its heap with
 // THP when GLIBC_TUNABLES holds glibc.malloc.hugetlb=1, which it reads only
 // when the process starts, so the program re-executes itself once with it
 // set. TROUPE_HEAP_THP=0 turns this off; a GLIBC_TUNABLES that already names
@@ -22,7 +22,7 @@ namespace troupe::core {
 // and shrink with the requests; by default glibc serves the larger ones with
 // fresh mmaps (and trims the heap top when they are freed), so each round
 // pays page faults and the kernel's page zeroing (2 MiB a fault on a heap of
-// huge pages; docs/threading.md has the measurement). Sets M_MMAP_THRESHOLD to
+// huge pages; docs/benchmarks.md "Threading policy" has the measurement). Sets M_MMAP_THRESHOLD to
 // glibc's largest (32 MiB: the model and the KV pool, larger, still get their
 // own mappings) and M_TRIM_THRESHOLD to 1 GiB. The cost: memory freed stays
 // in the process for the next use (a forward pass's peak activations, tens of

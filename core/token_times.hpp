@@ -2,8 +2,8 @@
 // TokenTimes: when each streamed piece of one request arrived, in nanoseconds,
 // kept as the first time and the gaps after it in 4 bytes each instead of 8
 // bytes a time. A simulated hour holds 100 million of them, written one per
-// token into memory that is new to the process (docs/simulation.md measures
-// what that costs). Exact for any times: a gap that does not fit an int32
+// token into memory that is new to the process (docs/notes/2026-12-02-simulator-speed.md
+// measures what that costs). Exact for any times: a gap that does not fit an int32
 // (2.1 s and more, or a time before the one it follows) is marked, and the
 // time itself follows the mark in two words.
 //

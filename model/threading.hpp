@@ -39,7 +39,8 @@ struct ThreadBudget {
 // each and one more for the first cpus % workers; at least 1 each (more
 // workers than CPUs oversubscribe, one thread each). BLAS gets the intra-op
 // count with one worker, 1 thread with several: its pool is process-wide and
-// troupe's own kernels do the projections (docs/threading.md has the numbers).
+// troupe's own kernels do the projections (docs/threading.md says why;
+// docs/benchmarks.md "Threading policy" has the numbers).
 // per_worker > 0 (`--threads-per-worker`) gives each worker that many threads
 // instead, BLAS included with one worker: a BLAS pool wider than the worker's
 // budget would spin on the CPUs left to the head and its clients.
@@ -55,7 +56,7 @@ void apply_thread_budget(const ThreadBudget& budget);
 // libgomp's spin before a PASSIVE thread sleeps, as the policy sets it: a
 // few microseconds, enough to carry a team across the short gaps between the
 // parallel regions of one forward pass, never across the gaps between steps
-// (docs/threading.md has the measurement).
+// (docs/benchmarks.md "Threading policy" has the measurement).
 inline constexpr const char* kGompSpinCount = "3000";
 
 // Call first thing in main(). Unless the user set OMP_WAIT_POLICY, re-executes

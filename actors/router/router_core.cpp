@@ -16,7 +16,7 @@ double ms_between(int64_t from, int64_t to) { return static_cast<double>(to - fr
 
 // A request between acceptance and its final message.
 struct RouterCore::Live {
-  std::string client;
+  ClientId client;
   uint64_t tag = 0;
   uint64_t id = 0;
   bool logprobs = false;
@@ -110,7 +110,7 @@ std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tok
   return r;
 }
 
-void RouterCore::on_submit(const std::string& client, const Job& job, int64_t now, RouterOutput& out) {
+void RouterCore::on_submit(const ClientId& client, const Job& job, int64_t now, RouterOutput& out) {
   auto reject = [&](RejectCode code, const std::string& message) {
     ++stats_.rejected;
     out.replies.push_back({client, Rejected{job.tag, code, message}});
@@ -179,7 +179,7 @@ void RouterCore::finish(Live& r, const Finished& f, int64_t now, RouterOutput& o
   erase(r.id);
 }
 
-bool RouterCore::on_cancel(const std::string& client, uint64_t tag, int64_t now, RouterOutput& out) {
+bool RouterCore::on_cancel(const ClientId& client, uint64_t tag, int64_t now, RouterOutput& out) {
   auto it = by_tag_.find({client, tag});
   if (it == by_tag_.end()) return false;
   Live& r = *by_id_.at(it->second);
@@ -190,7 +190,7 @@ bool RouterCore::on_cancel(const std::string& client, uint64_t tag, int64_t now,
   return true;
 }
 
-void RouterCore::on_client_gone(const std::string& client, RouterOutput& out) {
+void RouterCore::on_client_gone(const ClientId& client, RouterOutput& out) {
   auto it = by_tag_.lower_bound({client, 0});
   std::vector<uint64_t> ids;
   for (; it != by_tag_.end() && it->first.first == client; ++it) ids.push_back(it->second);

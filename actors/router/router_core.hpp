@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "actors/router/client_id.hpp"
 #include "core/batcher.hpp"
 #include "core/request.hpp"
 #include "core/sampling_params.hpp"
@@ -89,7 +90,7 @@ struct StatusReport {
 using ClientMessage = std::variant<Accepted, Rejected, Tokens, Finished, StatusReport>;
 
 struct Reply {
-  std::string client;  // the client's address (a ZeroMQ routing id, an HTTP connection, ...)
+  ClientId client;
   ClientMessage message;
 };
 
@@ -119,12 +120,12 @@ class RouterCore {
   RouterCore(const RouterCore&) = delete;
   RouterCore& operator=(const RouterCore&) = delete;
 
-  void on_submit(const std::string& client, const Job& job, int64_t now, RouterOutput& out);
+  void on_submit(const ClientId& client, const Job& job, int64_t now, RouterOutput& out);
   // The client gives up a job; false when it is not (or no longer) running.
-  bool on_cancel(const std::string& client, uint64_t tag, int64_t now, RouterOutput& out);
+  bool on_cancel(const ClientId& client, uint64_t tag, int64_t now, RouterOutput& out);
   // The client cannot be reached any more: its requests are cancelled (their
   // KV freed) and nothing more is sent to it.
-  void on_client_gone(const std::string& client, RouterOutput& out);
+  void on_client_gone(const ClientId& client, RouterOutput& out);
   void on_events(const std::vector<core::RequestEvent>& events, int64_t now, RouterOutput& out);
   // How many workers the batcher has (0: new jobs wait for one, up to its deadline).
   void set_workers(int32_t n) { stats_.workers = n; }
@@ -149,7 +150,7 @@ class RouterCore {
   uint64_t next_id_ = 1;
   uint64_t seed_counter_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Live>> by_id_;
-  std::map<std::pair<std::string, uint64_t>, uint64_t> by_tag_;  // (client, tag) -> request id
+  std::map<std::pair<ClientId, uint64_t>, uint64_t> by_tag_;  // (client, tag) -> request id
   RouterStats stats_;
 };
 

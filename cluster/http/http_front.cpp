@@ -50,16 +50,17 @@ constexpr size_t kMaxStreamBacklog = size_t{4} << 20;
 // (read and discarded) so that the client reads our answer before a reset.
 constexpr std::chrono::seconds kLingerFor{2};
 
-// Client id -> where its replies go. The sink (router's thread) calls the
+// An HTTP request's number (its ClientId) -> where its replies go. The sink (router's thread) calls the
 // listener under the lock, so that after clear() nothing is posted any more.
 struct Registry {
   using Listener = std::function<void(actors::ClientMessage&&)>;
   std::mutex mu;
-  std::unordered_map<std::string, Listener> listeners;
+  std::unordered_map<uint64_t, Listener> listeners;
 
   void deliver(const actors::Reply& r) {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = listeners.find(r.client);
+    if (r.client.front != actors::Front::kHttp) return;
+    auto it = listeners.find(r.client.number);
     if (it == listeners.end()) return;  // the request is over: nobody listens
     actors::ClientMessage m = r.message;
     it->second(std::move(m));
@@ -230,21 +231,21 @@ struct HttpFront::Impl {
     started_unix = static_cast<int64_t>(std::time(nullptr));
   }
 
-  // One router client ("h" + a counter) whose replies go to `listener` for
+  // One router client (ClientId::http(a counter)) whose replies go to `listener` for
   // as long as the session lives; jobs left open are cancelled ("gone") at its end.
   struct Session {
     Impl& front;
-    std::string client;
+    actors::ClientId client;
     bool jobs_open = false;
 
-    Session(Impl& f, Registry::Listener listener) : front(f), client("h" + std::to_string(f.next_client++)) {
+    Session(Impl& f, Registry::Listener listener) : front(f), client(actors::ClientId::http(f.next_client++)) {
       std::lock_guard<std::mutex> lock(front.registry->mu);
-      front.registry->listeners.emplace(client, std::move(listener));
+      front.registry->listeners.emplace(client.number, std::move(listener));
     }
     ~Session() {
       {
         std::lock_guard<std::mutex> lock(front.registry->mu);
-        front.registry->listeners.erase(client);
+        front.registry->listeners.erase(client.number);
       }
       if (jobs_open) {
         caf::anon_send(front.router, actors::gone_atom::value, client);

@@ -19,8 +19,8 @@
 // Retry-After and is closed, never queued. Requests pipelined on one
 // connection are answered in order.
 //
-// Each HTTP request is a client of its own to the router, "h" + a counter,
-// so the head's sink can tell its replies from the ZeroMQ front's ("z...").
+// Each HTTP request is a client of its own to the router,
+// ClientId::http(a counter), so the head's sink sends its replies here.
 // The sink posts a request's replies to its connection's strand. A client
 // that goes away is noticed on the connection itself: a failed write, or a
 // hang-up polled every 100 ms (a client that only half-closed is still

@@ -72,7 +72,7 @@ void MetricsCollector::observe(const actors::Reply& reply, int64_t now_ns) {
       reply.message);
 }
 
-void MetricsCollector::forget(const std::string& client) {
+void MetricsCollector::forget(const actors::ClientId& client) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = last_token_ns_.lower_bound({client, 0});
   while (it != last_token_ns_.end() && it->first.first == client) {

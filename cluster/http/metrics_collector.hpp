@@ -36,7 +36,7 @@ class MetricsCollector {
   void observe(const actors::Reply& reply, int64_t now_ns);
   // The client is gone (its jobs end without a Finished): forget its
   // requests, counted as finished with reason "cancelled".
-  void forget(const std::string& client);
+  void forget(const actors::ClientId& client);
   // The whole exposition: what was observed, and `status`'s gauges and counters.
   std::string render(const actors::StatusReport& status) const;
 
@@ -45,7 +45,7 @@ class MetricsCollector {
  private:
   MetricsCollectorOptions options_;
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, uint64_t>, int64_t> last_token_ns_;  // (client, tag) -> 0 = no token yet
+  std::map<std::pair<actors::ClientId, uint64_t>, int64_t> last_token_ns_;  // (client, tag) -> 0 = no token yet
   std::map<std::string, double> finished_, rejected_;                  // by reason
   Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, output_len_;
 };

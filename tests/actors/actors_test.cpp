@@ -71,7 +71,7 @@ class ActorsTest : public ::testing::Test {
       : sys(testing_config(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
     batcher = spawn_batcher(sys, core::BatcherOptions{});
     router = spawn_router(sys, gpt2(), RouterOptions{}, batcher,
-                          [this](const Reply& r) { replies[r.client].push_back(r.message); });
+                          [this](const Reply& r) { replies[r.client.peer].push_back(r.message); });
     caf::anon_send(batcher, listen_atom::value, router, caf::actor{});
     sched.run();
   }
@@ -97,7 +97,7 @@ class ActorsTest : public ::testing::Test {
     j.tag = tag;
     j.prompt = prompt;
     j.max_tokens = max_tokens;
-    caf::anon_send(router, submit_atom::value, client, j);
+    caf::anon_send(router, submit_atom::value, ClientId::zmq(client), j);
   }
 
   // The text and final message a client received for a tag.
@@ -167,7 +167,7 @@ TEST_F(ActorsTest, ADeadWorkersRequestsFinishOnTheOtherWithNothingRepeated) {
   ASSERT_GE(mid_stream, 2) << "the kill must land mid-stream";
   caf::anon_send_exit(doomed, caf::exit_reason::kill);
   sched.run();
-  caf::anon_send(router, status_atom::value, std::string("s"));
+  caf::anon_send(router, status_atom::value, ClientId::zmq("s"));
   sched.run();
   const auto* st = std::get_if<StatusReport>(&replies["s"].at(0));
   ASSERT_NE(st, nullptr);
@@ -242,7 +242,7 @@ TEST_F(ActorsTest, StatusReportsWorkersAndCounters) {
   add_worker(1);
   submit("c", 1, "Hi", 2);
   sched.run();
-  caf::anon_send(router, status_atom::value, std::string("s"));
+  caf::anon_send(router, status_atom::value, ClientId::zmq("s"));
   sched.run();
   ASSERT_EQ(replies["s"].size(), 1u);
   const auto* st = std::get_if<StatusReport>(&replies["s"][0]);

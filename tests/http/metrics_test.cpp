@@ -83,7 +83,7 @@ actors::StatusReport two_workers() {
 }
 
 // One request: accepted, tokens at 100, 150 and 250 ms (+2 ids at once at 250), finished.
-void one_request(MetricsCollector& m, const std::string& client, uint64_t tag) {
+void one_request(MetricsCollector& m, const actors::ClientId& client, uint64_t tag) {
   m.observe({client, transport::Accepted{tag, 7}}, 0);
   transport::Tokens t;
   t.tag = tag;
@@ -102,8 +102,8 @@ void one_request(MetricsCollector& m, const std::string& client, uint64_t tag) {
 
 TEST(MetricsCollector, RequestTimingsBecomeVllmsHistograms) {
   MetricsCollector m({"gpt2", 1024});
-  one_request(m, "z1", 1);
-  m.observe({"h9", transport::Rejected{3, transport::RejectCode::kBusy, "full"}}, 0);
+  one_request(m, actors::ClientId::zmq("z1"), 1);
+  m.observe({actors::ClientId::http(9), transport::Rejected{3, transport::RejectCode::kBusy, "full"}}, 0);
   EXPECT_EQ(m.tracked(), 0u);
   const std::string text = m.render(two_workers());
   const std::string L = "{model_name=\"gpt2\"}";
@@ -161,13 +161,13 @@ TEST(MetricsCollector, FaultCountersFromTheBatcher) {
 
 TEST(MetricsCollector, AVanishedClientIsForgottenItsRequestsCancelled) {
   MetricsCollector m({"gpt2", 1024});
-  m.observe({"h1", transport::Accepted{1, 1}}, 0);
-  m.observe({"h1", transport::Accepted{2, 2}}, 0);
-  m.observe({"h10", transport::Accepted{1, 3}}, 0);
+  m.observe({actors::ClientId::http(1), transport::Accepted{1, 1}}, 0);
+  m.observe({actors::ClientId::http(1), transport::Accepted{2, 2}}, 0);
+  m.observe({actors::ClientId::http(10), transport::Accepted{1, 3}}, 0);
   EXPECT_EQ(m.tracked(), 3u);
-  m.forget("h1");
+  m.forget(actors::ClientId::http(1));
   EXPECT_EQ(m.tracked(), 1u) << "h10 is another client";
-  m.forget("h1");  // nothing left to count
+  m.forget(actors::ClientId::http(1));  // nothing left to count
   const std::string text = m.render(actors::StatusReport{});
   EXPECT_EQ(sample(text, "troupe:request_success_total{model_name=\"gpt2\",finished_reason=\"cancelled\"}"),
             2);
@@ -180,7 +180,7 @@ TEST(MetricsCollector, PromtoolAcceptsTheExposition) {
   if (!std::filesystem::exists(promtool))
     GTEST_SKIP() << "no " << promtool << " (scripts/setup.sh installs it)";
   MetricsCollector m({"gpt2", 1024});
-  one_request(m, "z1", 1);
+  one_request(m, actors::ClientId::zmq("z1"), 1);
   test::TempDir dir;
   {
     std::ofstream out(dir.file("metrics.txt"));

@@ -13,6 +13,8 @@
 namespace troupe::actors {
 namespace {
 
+ClientId zmq(const char* routing_id) { return ClientId::zmq(routing_id); }
+
 const model::Tokenizer& gpt2() {
   static const model::Tokenizer tok = model::Tokenizer::from_dir(troupe::test::tokenizer_dir());
   return tok;
@@ -69,13 +71,13 @@ core::RequestEvent finished(uint64_t id, core::FinishReason reason) {
 TEST(RouterCore, AcceptsTokenizesAndAssignsIdsAndSeeds) {
   RouterCore r(gpt2(), options());
   RouterOutput out;
-  r.on_submit("a", text_job(1, "Hello world"), 0, out);
+  r.on_submit(zmq("a"), text_job(1, "Hello world"), 0, out);
   Job ids = text_job(2, "");
   ids.prompt.reset();
   ids.prompt_ids = std::vector<int32_t>{15496, 995};
   ids.seed = 77;
   ids.priority = -1;
-  r.on_submit("b", ids, 0, out);
+  r.on_submit(zmq("b"), ids, 0, out);
   ASSERT_EQ(of<Accepted>(out).size(), 2u);
   ASSERT_EQ(out.commands.size(), 2u);
   const auto& r1 = std::get<core::Request>(out.commands[0]);
@@ -90,7 +92,7 @@ TEST(RouterCore, AcceptsTokenizesAndAssignsIdsAndSeeds) {
   // Seeds come from the router's seeded counter: the same for the same order.
   RouterCore again(gpt2(), options());
   RouterOutput out2;
-  again.on_submit("z", text_job(9, "Other text"), 0, out2);
+  again.on_submit(zmq("z"), text_job(9, "Other text"), 0, out2);
   EXPECT_EQ(*std::get<core::Request>(out2.commands[0]).seed, *r1.seed);
   EXPECT_EQ(r.stats().queued, 2);
 }
@@ -99,7 +101,7 @@ TEST(RouterCore, RejectsBadJobsWithTheRightCode) {
   RouterCore r(gpt2(), options());
   auto code_of = [&](Job j) {
     RouterOutput out;
-    r.on_submit("c", j, 0, out);
+    r.on_submit(zmq("c"), j, 0, out);
     auto rej = of<Rejected>(out);
     EXPECT_TRUE(out.commands.empty());
     return rej.empty() ? std::string("accepted")
@@ -140,16 +142,16 @@ TEST(RouterCore, RejectsBadJobsWithTheRightCode) {
   EXPECT_EQ(r.stats().rejected, 11);
   // A running tag cannot be reused by the same client; another client may.
   RouterOutput out;
-  r.on_submit("c", text_job(3, "ok"), 0, out);
+  r.on_submit(zmq("c"), text_job(3, "ok"), 0, out);
   expect(text_job(3, "again"), "invalid", "tag 3");
-  r.on_submit("d", text_job(3, "ok"), 0, out);
+  r.on_submit(zmq("d"), text_job(3, "ok"), 0, out);
   EXPECT_EQ(of<Accepted>(out).size(), 2u);
 }
 
 TEST(RouterCore, PastMaxQueueJobsAreBusyAtOnceUntilRequestsStart) {
   RouterCore r(gpt2(), options(/*max_queue=*/2));
   RouterOutput out;
-  for (uint64_t t = 1; t <= 3; ++t) r.on_submit("a", text_job(t, "x"), 0, out);
+  for (uint64_t t = 1; t <= 3; ++t) r.on_submit(zmq("a"), text_job(t, "x"), 0, out);
   ASSERT_EQ(of<Rejected>(out).size(), 1u);
   EXPECT_EQ(of<Rejected>(out)[0].code, RejectCode::kBusy);
   EXPECT_EQ(of<Rejected>(out)[0].tag, 3u);
@@ -157,9 +159,9 @@ TEST(RouterCore, PastMaxQueueJobsAreBusyAtOnceUntilRequestsStart) {
   const uint64_t first = of<Accepted>(out)[0].request_id;
   RouterOutput out2;
   r.on_events({scheduled(first)}, 10, out2);  // one starts running: room for one more
-  r.on_submit("a", text_job(4, "x"), 10, out2);
+  r.on_submit(zmq("a"), text_job(4, "x"), 10, out2);
   EXPECT_EQ(of<Accepted>(out2).size(), 1u);
-  r.on_submit("a", text_job(5, "x"), 10, out2);
+  r.on_submit(zmq("a"), text_job(5, "x"), 10, out2);
   EXPECT_EQ(of<Rejected>(out2).size(), 1u);
   EXPECT_EQ(r.stats().queued, 2);
   EXPECT_EQ(r.stats().running, 1);
@@ -170,7 +172,7 @@ TEST(RouterCore, StreamsTextAndFinishesWithUsageAndTimings) {
   RouterOutput out;
   Job j = text_job(7, "Once upon");
   j.logprobs = 1;
-  r.on_submit("a", j, 1'000'000, out);
+  r.on_submit(zmq("a"), j, 1'000'000, out);
   const uint64_t id = of<Accepted>(out)[0].request_id;
   const auto ids = gpt2().encode(" a time, caf\xc3\xa9");
   RouterOutput s;
@@ -208,7 +210,7 @@ TEST(RouterCore, AStopStringEndsTheRequestHereAndAtTheBatcher) {
   RouterOutput out;
   Job j = text_job(1, "Count:");
   j.stop = {" three"};
-  r.on_submit("a", j, 0, out);
+  r.on_submit(zmq("a"), j, 0, out);
   const uint64_t id = of<Accepted>(out)[0].request_id;
   RouterOutput s;
   for (int32_t x : gpt2().encode(" one two three four")) r.on_events({token(id, x)}, 1, s);
@@ -232,19 +234,19 @@ TEST(RouterCore, AStopStringEndsTheRequestHereAndAtTheBatcher) {
 TEST(RouterCore, CancelAndVanishedClientsEndTheirRequestsOnce) {
   RouterCore r(gpt2(), options());
   RouterOutput out;
-  r.on_submit("a", text_job(1, "x"), 0, out);
-  r.on_submit("a", text_job(2, "y"), 0, out);
-  r.on_submit("b", text_job(1, "z"), 0, out);
+  r.on_submit(zmq("a"), text_job(1, "x"), 0, out);
+  r.on_submit(zmq("a"), text_job(2, "y"), 0, out);
+  r.on_submit(zmq("b"), text_job(1, "z"), 0, out);
   const auto acc = of<Accepted>(out);
   RouterOutput c;
-  EXPECT_TRUE(r.on_cancel("b", 1, 5, c));
-  EXPECT_FALSE(r.on_cancel("b", 1, 5, c));
+  EXPECT_TRUE(r.on_cancel(zmq("b"), 1, 5, c));
+  EXPECT_FALSE(r.on_cancel(zmq("b"), 1, 5, c));
   ASSERT_EQ(of<Finished>(c).size(), 1u);
   EXPECT_EQ(of<Finished>(c)[0].finish_reason, core::FinishReason::kCancelled);
   ASSERT_EQ(c.commands.size(), 1u);
   EXPECT_EQ(std::get<FinishCommand>(c.commands[0]).request_id, acc[2].request_id);
   RouterOutput g;
-  r.on_client_gone("a", g);
+  r.on_client_gone(zmq("a"), g);
   EXPECT_TRUE(g.replies.empty()) << "nothing is sent to a client that is gone";
   EXPECT_EQ(g.commands.size(), 2u);
   EXPECT_TRUE(r.idle());
@@ -256,9 +258,9 @@ TEST(RouterCore, CancelAndVanishedClientsEndTheirRequestsOnce) {
 TEST(RouterCore, AbortAllEndsEveryOpenJobWithTheErrorAndItsTextSoFar) {
   RouterCore r(gpt2(), options());
   RouterOutput out;
-  r.on_submit("a", text_job(7, "x"), 0, out);  // will be streaming
-  r.on_submit("b", text_job(3, "y"), 0, out);  // still queued
-  r.on_submit("b", text_job(4, "z"), 0, out);  // done before the abort
+  r.on_submit(zmq("a"), text_job(7, "x"), 0, out);  // will be streaming
+  r.on_submit(zmq("b"), text_job(3, "y"), 0, out);  // still queued
+  r.on_submit(zmq("b"), text_job(4, "z"), 0, out);  // done before the abort
   const auto acc = of<Accepted>(out);
   ASSERT_EQ(acc.size(), 3u);
   RouterOutput ev;
@@ -270,8 +272,8 @@ TEST(RouterCore, AbortAllEndsEveryOpenJobWithTheErrorAndItsTextSoFar) {
   EXPECT_EQ(r.abort_all("stopped", 9, ab), 2u);
   EXPECT_TRUE(r.idle());
   ASSERT_EQ(ab.replies.size(), 2u);
-  std::map<std::string, Finished> by_client;
-  for (const Reply& reply : ab.replies) by_client[reply.client] = std::get<Finished>(reply.message);
+  std::map<std::string, Finished> by_client;  // by routing id
+  for (const Reply& reply : ab.replies) by_client[reply.client.peer] = std::get<Finished>(reply.message);
   EXPECT_EQ(by_client["a"].tag, 7u);
   EXPECT_EQ(by_client["a"].finish_reason, core::FinishReason::kError);
   EXPECT_EQ(by_client["a"].error, "stopped");
@@ -291,7 +293,7 @@ TEST(RouterCore, ShuttingDownRefusesNewJobs) {
   RouterCore r(gpt2(), options());
   r.begin_shutdown();
   RouterOutput out;
-  r.on_submit("a", text_job(1, "x"), 0, out);
+  r.on_submit(zmq("a"), text_job(1, "x"), 0, out);
   ASSERT_EQ(of<Rejected>(out).size(), 1u);
   EXPECT_EQ(of<Rejected>(out)[0].code, RejectCode::kShuttingDown);
 }
