@@ -21,6 +21,7 @@ using Registry = std::vector<Command>;
 void add_model_commands(CLI::App& app, Registry& registry);     // init-model, download, tokenize, detokenize
 void add_generate_command(CLI::App& app, Registry& registry);   // generate
 void add_batch_command(CLI::App& app, Registry& registry);      // batch
+void add_perplexity_command(CLI::App& app, Registry& registry);  // perplexity
 void add_cluster_commands(CLI::App& app, Registry& registry);   // serve, worker, keygen
 void add_submit_commands(CLI::App& app, Registry& registry);    // submit, status
 void add_profile_command(CLI::App& app, Registry& registry);    // profile

@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_model_commands(app, registry);
   troupe::cli::add_generate_command(app, registry);
   troupe::cli::add_batch_command(app, registry);
+  troupe::cli::add_perplexity_command(app, registry);
   troupe::cli::add_cluster_commands(app, registry);
   troupe::cli::add_submit_commands(app, registry);
   troupe::cli::add_profile_command(app, registry);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -47,7 +48,7 @@ using troupe::test::read_jsonl;
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (const char* cmd : {"", "init-model", "download", "tokenize", "detokenize", "generate", "batch"}) {
+  for (const char* cmd : {"", "init-model", "download", "tokenize", "detokenize", "generate", "batch", "perplexity"}) {
     auto r = run_command(tcmd(std::string(cmd) + " --help"));
     EXPECT_EQ(r.status, 0) << cmd;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
@@ -378,4 +379,43 @@ TEST(Cli, DownloadFailsFastWithoutNetwork) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("init-model"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+}
+
+// troupe perplexity on the tiny model: the JSON's fields agree with each
+// other and with the windows, the chunk size changes nothing, llama.cpp's
+// convention scores fewer tokens, and bad input is named.
+TEST(Cli, PerplexityJsonIsConsistentAndIndependentOfTheChunkSize) {
+  TempDir dir;
+  const std::string text = dir.file("text.txt");
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "Line " << i << ": the quick brown fox jumps over the lazy dog.\n";
+  }
+  const std::string base = "perplexity " + model_flag() + " --file " + shell_quote(text) + " --json";
+  const json a = run_json(base + " --context 64 --stride 32 --batch 7");
+  const json b = run_json(base + " --context 64 --stride 32 --batch 64");
+  const int64_t n = a["text_tokens"].get<int64_t>();
+  ASSERT_GT(n, 128);
+  EXPECT_EQ(a["tokens_scored"].get<int64_t>(), n - 1) << "overlapping windows score every token once";
+  EXPECT_NEAR(a["ppl"].get<double>(), std::exp(a["mean_nll"].get<double>()), 1e-9 * a["ppl"].get<double>());
+  EXPECT_NEAR(a["mean_nll"].get<double>() * n - a["mean_nll"].get<double>(), a["nll"].get<double>(),
+              1e-6 * a["nll"].get<double>());
+  EXPECT_NEAR(a["ppl"].get<double>(), b["ppl"].get<double>(), 1e-5 * a["ppl"].get<double>());
+  EXPECT_EQ(a["windows_convention"], "sliding");
+  EXPECT_TRUE(a["random_weights"].get<bool>());
+  for (const char* k : {"tokens_per_s", "scored_per_s", "seconds"}) EXPECT_GT(a[k].get<double>(), 0.0) << k;
+  const json half = run_json(base + " --context 64 --score-second-half");
+  EXPECT_EQ(half["windows_convention"], "second_half");
+  EXPECT_EQ(half["windows"].get<int64_t>(), n / 64);
+  EXPECT_EQ(half["tokens_scored"].get<int64_t>(), (n / 64) * (64 - 64 / 2 - 1));
+
+  auto r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --context 4096"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--context 4096 is past the model's 128 positions"), std::string::npos) << r.output;
+  r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(dir.file("missing.txt"))));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("cannot read it"), std::string::npos) << r.output;
+  r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --context 64 --stride 65"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--stride must be in [1, context 64]"), std::string::npos) << r.output;
 }

@@ -1,0 +1,62 @@
+#pragma once
+// Perplexity of a text under the model (`troupe perplexity`): the text's
+// tokens cut into windows of at most `context` tokens, each window run
+// through the model once (prefill chunks of `chunk` rows, the LM head on
+// every row), and each token scored by the log-probability the row before it
+// gives it. Two ways to place the windows:
+//
+//  * sliding (Hugging Face's `stride` method, the default): windows start
+//    every `stride` tokens; each scores only the tokens no earlier window
+//    scored, with up to context - stride tokens of context before the first
+//    it scores. With stride < context every token but the text's first is
+//    scored once; with stride = context (windows end to end) a window's
+//    first token has nothing before it and is not scored;
+//  * second half (llama.cpp's `llama-perplexity`): windows of exactly
+//    `context` tokens end to end (a partial last one is dropped), each
+//    scoring its tokens from context / 2 + 1 on, every one with at least
+//    half a window of context.
+//
+// PPL = exp(mean NLL), the NLL in nats.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace troupe::model {
+
+class Gpt2;
+
+struct PerplexityOptions {
+  int64_t context = 0;             // tokens per window; 0 = the model's n_positions
+  int64_t stride = 0;              // sliding: a window every `stride` tokens; 0 = context
+  int64_t chunk = 512;             // rows per forward call (the logits of one call: chunk x vocab floats)
+  bool score_second_half = false;  // llama.cpp's windows instead of sliding ones
+};
+
+// One window: tokens [begin, end) run; tokens [score_from, end) scored.
+struct PerplexityWindow {
+  int64_t begin = 0, end = 0, score_from = 0;
+};
+
+// The windows over a text of n_tokens tokens. Throws std::invalid_argument
+// for a context < 2, a stride outside [1, context], a chunk < 1, or (second
+// half) a text shorter than one window.
+std::vector<PerplexityWindow> perplexity_windows(int64_t n_tokens, const PerplexityOptions& options);
+
+struct PerplexityResult {
+  double nll = 0;      // sum over scored tokens of -log p(token | the window's tokens before it), nats
+  int64_t scored = 0;  // tokens scored
+  int64_t run = 0;     // tokens run through the model (windows overlap when stride < context)
+  int64_t windows = 0;
+  double seconds = 0;  // wall time of the forward passes and the scoring
+  double mean_nll() const { return scored > 0 ? nll / static_cast<double>(scored) : 0.0; }
+  double ppl() const;  // exp(mean_nll())
+};
+
+// Scores `ids` with `model` (its own device). `progress(windows done,
+// windows)` after each window, if given. The options are checked as
+// perplexity_windows does, and the context against the model's positions.
+PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>& ids,
+                                  const PerplexityOptions& options,
+                                  const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace troupe::model
