@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "model/gpt2.hpp"
+#include "model/paged_kv_cache.hpp"
 
 namespace troupe::model {
 namespace {
@@ -64,21 +65,35 @@ PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>&
   const std::vector<PerplexityWindow> windows = perplexity_windows(static_cast<int64_t>(ids.size()), o);
   torch::NoGradGuard no_grad;
   const auto t0 = std::chrono::steady_clock::now();
+  // The serving engine's forward (forward_step over a paged cache: its
+  // attention kernel, the LM head on the requested rows only), one window at a
+  // time in a pool of exactly one window, blocks in order: slot = position.
+  constexpr int64_t kBlock = 16;
+  const int64_t blocks = (o.context + kBlock - 1) / kBlock;
+  PagedKvCache cache(model.config(), blocks, kBlock, model.device());
+  const torch::Tensor table = torch::arange(blocks, torch::kInt).view({1, blocks});
   PerplexityResult r;
-  ContiguousKv cache = model.make_contiguous_cache(o.context);
   for (const PerplexityWindow& w : windows) {
-    cache.length = 0;
-    // Row p (the window's token at p) predicts the token at p + 1: the rows
+    // Row p (the token at p) predicts the token at p + 1: rows
     // [score_from - 1, end - 1) score tokens [score_from, end).
     for (int64_t c0 = w.begin; c0 < w.end; c0 += o.chunk) {
-      const int64_t c1 = std::min(c0 + o.chunk, w.end);
-      const std::vector<int32_t> piece(ids.begin() + c0, ids.begin() + c1);
-      const torch::Tensor logits = model.forward_contiguous(piece, cache, LogitRows::kAll);
+      const int64_t c1 = std::min(c0 + o.chunk, w.end), T = c1 - c0, L0 = c0 - w.begin;
       const int64_t a = std::max(c0, w.score_from - 1), b = std::min(c1, w.end - 1);
+      FlatBatch batch;
+      batch.token_ids = torch::tensor(std::vector<int64_t>(ids.begin() + c0, ids.begin() + c1), torch::kLong);
+      batch.positions = torch::arange(L0, L0 + T, torch::kLong);
+      batch.slot_mapping = batch.positions;
+      batch.query_start = {0, T};
+      batch.context_lens = {L0 + T};
+      batch.block_tables = table;
+      for (int64_t p = a; p < b; ++p) batch.sample_rows.push_back(p - c0);
+      if (batch.sample_rows.empty()) batch.sample_rows.push_back(T - 1);  // K/V only; its row goes unused
+      const torch::Tensor rows = model.forward_step(batch, cache, PagedAttention::kAuto);
       if (a >= b) continue;
-      const torch::Tensor rows = logits.slice(0, a - c0, b - c0);
-      std::vector<int64_t> next(ids.begin() + a + 1, ids.begin() + b + 1);
-      const torch::Tensor targets = torch::tensor(next, torch::kLong).to(rows.device()).unsqueeze(1);
+      const torch::Tensor targets =
+          torch::tensor(std::vector<int64_t>(ids.begin() + a + 1, ids.begin() + b + 1), torch::kLong)
+              .to(rows.device())
+              .unsqueeze(1);
       const torch::Tensor nll = torch::logsumexp(rows, 1) - rows.gather(1, targets).squeeze(1);
       r.nll += nll.to(torch::kDouble).sum().item<double>();
       r.scored += b - a;
