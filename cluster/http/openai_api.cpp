@@ -37,7 +37,18 @@ const json* field(const json& body, const char* key) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// An integer, or a float with no fraction (2.0): OpenAI's API and vLLM's
+// (pydantic's lax mode) take those where they want an integer; 2.5 is refused.
 int64_t integer(const json& v, const std::string& key, int64_t lo, int64_t hi) {
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::floor(d) != d || std::fabs(d) > 9007199254740992.0)  // past 2^53 a double skips integers
+      bad(key, key + " must be an integer, got " + v.dump());
+    const auto x = static_cast<int64_t>(d);
+    if (x < lo || x > hi)
+      bad(key, key + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    return x;
+  }
   if (!v.is_number_integer()) bad(key, key + " must be an integer, got " + kind_of(v));
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
     bad(key, key + " must be at most " + std::to_string(hi));

@@ -83,6 +83,14 @@ TEST(OpenAiApi, ChoicesGetTheirOwnSeedsAndChoiceZeroKeepsTheRequests) {
   EXPECT_EQ(*ok(R"({"prompt": "a", "seed": -1})").jobs[0].seed, ~uint64_t{0}) << "int64 seeds wrap";
 }
 
+// Where OpenAI's API (and vLLM's) take an integral float for an integer.
+TEST(OpenAiApi, IntegralFloatsAreIntegers) {
+  const CompletionRequest r = ok(R"({"prompt": [15496, 995.0], "max_tokens": 2.0, "n": 3.0, "top_k": -1.0})");
+  ASSERT_EQ(r.jobs.size(), 3u);
+  EXPECT_EQ(r.jobs[0].max_tokens, 2);
+  EXPECT_EQ(*r.jobs[0].prompt_ids, (std::vector<int32_t>{15496, 995}));
+}
+
 TEST(OpenAiApi, BadRequestsSayWhichField) {
   struct Case {
     const char* body;
@@ -98,6 +106,9 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
       {R"({"prompt": [1, "x"]})", 400, "prompt[1]", "must be an integer"},
       {R"({"prompt": "a", "max_tokens": "5"})", 400, "max_tokens", "must be an integer, got a string"},
       {R"({"prompt": "a", "max_tokens": 0})", 400, "max_tokens", "[1, "},
+      {R"({"prompt": "a", "max_tokens": 2.5})", 400, "max_tokens", "must be an integer, got 2.5"},
+      {R"({"prompt": "a", "max_tokens": 0.0})", 400, "max_tokens", "[1, "},
+      {R"({"prompt": "a", "n": 1e300})", 400, "n", "must be an integer, got 1e+300"},
       {R"({"prompt": "a", "n": 0})", 400, "n", "[1, 256]"},
       {R"({"prompt": ["a", "b"], "n": 200})", 400, "n", "over 256 choices"},
       {R"({"prompt": "a", "temperature": "hot"})", 400, "temperature", "must be a number"},
