@@ -123,6 +123,27 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
   return x;
 }
 
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                               int64_t max_block_bytes) {
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), L = k.size(1), L0 = L - T;
+  const int64_t rows = std::max<int64_t>(1, max_block_bytes / (H * L * static_cast<int64_t>(sizeof(float))));
+  const torch::Tensor qh = q.transpose(0, 1), kt = k.transpose(1, 2);  // [H, T, D], [H, D, L]
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto block = [&](int64_t r0, int64_t n) {  // rows [r0, r0 + n): [H, n, D]
+    torch::Tensor sc = at::matmul(qh.narrow(1, r0, n), kt).mul_(scale);
+    if (L0 + r0 + 1 < L)  // row r0 + i must not see keys after L0 + r0 + i
+      sc.masked_fill_(at::ones({n, L}, q.options().dtype(torch::kBool)).triu_(L0 + r0 + 1), neg_inf);
+    return at::matmul(at::softmax(sc, -1), v);
+  };
+  if (T <= rows) return block(0, T).transpose(0, 1).reshape({T, H * D});
+  torch::Tensor out = at::empty({T, H, D}, q.options());
+  for (int64_t r0 = 0; r0 < T; r0 += rows) {
+    const int64_t n = std::min(rows, T - r0);
+    out.narrow(0, r0, n).copy_(block(r0, n).transpose(0, 1));
+  }
+  return out.view({T, H * D});
+}
+
 torch::Tensor Gpt2::lm_head(const torch::Tensor& x) const {
   const torch::Tensor h = at::layer_norm(x, {config_.n_embd}, ln_f_w_, ln_f_b_, config_.layer_norm_epsilon);
   return head_.forward(h);
@@ -140,17 +161,10 @@ torch::Tensor Gpt2::forward_full(const std::vector<int32_t>& ids) const {
       torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
   torch::Tensor x = embed(id_t, at::arange(T, long_opts));
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim()));
-  const torch::Tensor mask =
-      at::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu_(1);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   x = run_blocks(
       x,
       [&](int, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-        torch::Tensor sc = at::matmul(q.transpose(0, 1), k.permute({1, 2, 0})).mul_(scale);  // [H, T, T]
-        sc.masked_fill_(mask, neg_inf);
-        return at::matmul(at::softmax(sc, -1), v.transpose(0, 1))
-            .transpose(0, 1)
-            .reshape({T, config_.n_embd});
+        return causal_attention(q, k.transpose(0, 1), v.transpose(0, 1), scale);
       },
       torch::Tensor());
   return lm_head(x);
@@ -190,11 +204,6 @@ torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, Contiguo
       torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong).to(device_);
   torch::Tensor x = embed(id_t, at::arange(L0, L0 + T, long_opts));
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim()));
-  // Row i (position L0 + i) must not see keys after L0 + i; one row needs no mask.
-  torch::Tensor mask;
-  if (T > 1)
-    mask = at::ones({T, L0 + T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu_(L0 + 1);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   x = run_blocks(
       x,
       [&](int l, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -202,11 +211,7 @@ torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, Contiguo
         torch::Tensor& vc = cache.v[static_cast<size_t>(l)];
         kc.narrow(1, L0, T).copy_(k.transpose(0, 1));
         vc.narrow(1, L0, T).copy_(v.transpose(0, 1));
-        torch::Tensor sc = at::matmul(q.transpose(0, 1), kc.narrow(1, 0, L0 + T).transpose(1, 2)).mul_(scale);
-        if (mask.defined()) sc.masked_fill_(mask, neg_inf);
-        return at::matmul(at::softmax(sc, -1), vc.narrow(1, 0, L0 + T))
-            .transpose(0, 1)
-            .reshape({T, config_.n_embd});
+        return causal_attention(q, kc.narrow(1, 0, L0 + T), vc.narrow(1, 0, L0 + T), scale);
       },
       rows == LogitRows::kLast && T > 1 ? at::full({1}, T - 1, long_opts) : torch::Tensor());
   cache.length = L0 + T;

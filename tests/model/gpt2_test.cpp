@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -432,6 +433,32 @@ TEST_P(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, Gpt2Test, ::testing::ValuesIn(all_isas()), test::isa_name);
+
+
+// causal_attention in row blocks (as a long prompt gets) equals it whole, and
+// both equal attention written out row by row, with and without keys cached
+// before the rows (L > T).
+TEST(CausalAttention, RowBlocksEqualTheWholeMatrixAndARowByRowReference) {
+  torch::manual_seed(3);
+  const int64_t H = 3, D = 8;
+  for (const auto& [T, L] : std::vector<std::pair<int64_t, int64_t>>{{37, 37}, {20, 53}, {1, 9}}) {
+    const torch::Tensor q = torch::randn({T, H, D}), k = torch::randn({H, L, D}), v = torch::randn({H, L, D});
+    const double scale = 0.35;
+    const torch::Tensor whole = causal_attention(q, k, v, scale);
+    const torch::Tensor blocked = causal_attention(q, k, v, scale, /*max_block_bytes=*/H * L * 4 * 5);  // 5 rows
+    const torch::Tensor single = causal_attention(q, k, v, scale, /*max_block_bytes=*/1);               // 1 row
+    EXPECT_TRUE(torch::allclose(whole, blocked, 1e-6, 1e-6)) << T << "/" << L;
+    EXPECT_TRUE(torch::allclose(whole, single, 1e-6, 1e-6)) << T << "/" << L;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t seen = L - T + i + 1;  // keys 0 .. L - T + i
+      for (int64_t h = 0; h < H; ++h) {
+        const torch::Tensor p = torch::softmax(k[h].narrow(0, 0, seen).matmul(q[i][h]) * scale, 0);
+        const torch::Tensor o = p.matmul(v[h].narrow(0, 0, seen));
+        EXPECT_TRUE(torch::allclose(whole[i].narrow(0, h * D, D), o, 1e-5, 1e-5)) << T << "/" << L << " row " << i;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace troupe::model
