@@ -53,12 +53,11 @@ int run_perplexity(const PerplexityFlags& f) {
   auto dir = model::load_model_dir(f.model);
   const std::vector<int32_t> ids = dir.tokenizer.encode(read_text(f.file));
   model::PerplexityOptions o;
-  o.context = f.context > 0 ? f.context : dir.config.n_positions;
-  o.stride = f.stride > 0 ? f.stride : o.context;
+  o.context = f.context;  // 0 (unset): the model's positions; stride 0: the context
+  o.stride = f.stride;
   o.chunk = f.batch;
   o.score_second_half = f.score_second_half;
-  if (f.score_second_half && f.stride > 0 && f.stride != o.context)
-    throw std::invalid_argument("--score-second-half places windows end to end: --stride must be --context or unset");
+  o = model::with_defaults(o, dir.config.n_positions);
   model::perplexity_windows(static_cast<int64_t>(ids.size()), o);  // bad options fail before the model loads
   const bool random = dir.config.random_weights;
   model::Gpt2 gpt(dir.config, std::move(dir.weights), device);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <future>
 #include <iostream>
 #include <map>
@@ -43,7 +44,7 @@ enum class Phase { kRegistering, kMember, kDraining, kDone };
 // kept until the head acknowledges them.
 struct Slot {
   worker_actor actor;
-  uint64_t handle = 0;  // what the worker actor tags its results with (NodeState::slot_of)
+  uint64_t handle = 0;  // what the worker actor tags its results with (NodeState::next_handle)
   std::shared_ptr<actors::WorkerProgress> progress = std::make_shared<actors::WorkerProgress>();
   transport::InOrder<core::StepPlan> plans;
   transport::Unacked results;
@@ -59,9 +60,8 @@ struct NodeState {
   // The worker actors, shared with the exit hook that stops them with the node.
   std::shared_ptr<std::vector<worker_actor>> actors = std::make_shared<std::vector<worker_actor>>();
   // Each worker actor spawned gets a handle never given before; a result
-  // whose handle is not here comes from a worker since replaced, and is dropped.
+  // whose handle no slot holds comes from a worker since replaced, and is dropped.
   uint64_t next_handle = 1;
-  std::map<uint64_t, uint32_t> slot_of;  // handle -> worker index
   Phase phase = Phase::kRegistering;
   bool ever_member = false;
   Clock::time_point started = Clock::now();
@@ -103,11 +103,9 @@ void respawn(Self self) {
   for (auto& w : *st.actors) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   st.actors->clear();
   st.slots.clear();
-  st.slot_of.clear();
   for (auto params : st.factories) {
     Slot slot;
     slot.handle = st.next_handle++;
-    st.slot_of[slot.handle] = static_cast<uint32_t>(st.slots.size());
     params.progress = slot.progress;
     slot.actor = actors::spawn_worker(self->system(), params, caf::actor_cast<result_sink_actor>(self));
     st.actors->push_back(slot.actor);
@@ -268,9 +266,10 @@ node_actor::behavior_type node(Self self, transport::SocketLoop* loop, transport
   return {
       [=](actors::result_atom, uint64_t handle, core::StepResult& result) {
         auto& s = self->state;
-        const auto found = s.slot_of.find(handle);
-        if (found == s.slot_of.end() || s.phase == Phase::kRegistering) return;  // from workers since replaced
-        const uint32_t index = found->second;
+        const auto found =
+            std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& x) { return x.handle == handle; });
+        if (found == s.slots.end() || s.phase == Phase::kRegistering) return;  // from workers since replaced
+        const auto index = static_cast<uint32_t>(found - s.slots.begin());
         const uint64_t step = result.step_id;
         std::string body = transport::encode(transport::Result{index, std::move(result)});
         s.slots[index].results.sent(step, body, Clock::now());

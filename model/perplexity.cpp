@@ -20,15 +20,17 @@ void check(const PerplexityOptions& o) {
     throw std::invalid_argument("--stride must be in [1, context " + std::to_string(o.context) + "], got " +
                                 std::to_string(o.stride));
   if (o.chunk < 1) throw std::invalid_argument("--batch must be >= 1, got " + std::to_string(o.chunk));
+  if (o.score_second_half && o.stride != o.context)
+    throw std::invalid_argument("--score-second-half places windows end to end: --stride must be --context or unset");
 }
 
-PerplexityOptions resolved(PerplexityOptions o, int64_t n_positions) {
+}  // namespace
+
+PerplexityOptions with_defaults(PerplexityOptions o, int64_t n_positions) {
   if (o.context == 0) o.context = n_positions;
   if (o.stride == 0) o.stride = o.context;
   return o;
 }
-
-}  // namespace
 
 std::vector<PerplexityWindow> perplexity_windows(int64_t n_tokens, const PerplexityOptions& options) {
   const PerplexityOptions& o = options;
@@ -58,7 +60,7 @@ PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>&
                                   const PerplexityOptions& options,
                                   const std::function<void(int64_t, int64_t)>& progress) {
   const int64_t n_positions = model.config().n_positions;
-  const PerplexityOptions o = resolved(options, n_positions);
+  const PerplexityOptions o = with_defaults(options, n_positions);
   if (o.context > n_positions)
     throw std::invalid_argument("--context " + std::to_string(o.context) + " is past the model's " +
                                 std::to_string(n_positions) + " positions");

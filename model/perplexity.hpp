@@ -36,6 +36,9 @@ struct PerplexityOptions {
   bool score_second_half = false;  // llama.cpp's windows instead of sliding ones
 };
 
+// `options` with its defaults filled in: context 0 = n_positions, stride 0 = context.
+PerplexityOptions with_defaults(PerplexityOptions options, int64_t n_positions);
+
 // One window: tokens [begin, end) run; tokens [score_from, end) scored.
 struct PerplexityWindow {
   int64_t begin = 0, end = 0, score_from = 0;
@@ -43,7 +46,7 @@ struct PerplexityWindow {
 
 // The windows over a text of n_tokens tokens. Throws std::invalid_argument
 // for a context < 2, a stride outside [1, context], a chunk < 1, or (second
-// half) a text shorter than one window.
+// half) a stride other than the context or a text shorter than one window.
 std::vector<PerplexityWindow> perplexity_windows(int64_t n_tokens, const PerplexityOptions& options);
 
 struct PerplexityResult {

@@ -66,6 +66,7 @@ TEST(PerplexityWindows, BadOptionsAreNamed) {
   EXPECT_NE(message(10, opts(4, 5)).find("--stride must be in [1, context 4]"), std::string::npos);
   EXPECT_NE(message(10, opts(4, 4, false, 0)).find("--batch must be >= 1"), std::string::npos);
   EXPECT_NE(message(3, opts(4, 4, true)).find("needs at least one window"), std::string::npos);
+  EXPECT_NE(message(10, opts(4, 2, true)).find("--stride must be --context or unset"), std::string::npos);
   EXPECT_NE(message(1, opts(4, 4)).find("at least 2 tokens"), std::string::npos);
 }
 
