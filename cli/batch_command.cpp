@@ -45,6 +45,8 @@ struct Job {
   std::optional<core::Request> request;
   std::vector<std::string> stop;
   bool logprobs = false;
+  JobLine line;                                 // echo, prompt_logprobs
+  std::vector<core::SampledToken> prompt_scores;  // prompt logprobs as they come
   json output;                // the finished output line
   bool done = false;
 };
@@ -106,7 +108,8 @@ int run_batch(const BatchFlags& f) {
     try {
       json j = cluster::parse_json_input(line);
       if (j.is_object() && j.contains("id")) job.id = j["id"];
-      const transport::Submit submit = parse_job_json(j);
+      job.line = parse_job_line(j);
+      const transport::Submit& submit = job.line.job;
       auto admitted = actors::admit_job(submit, dir.tokenizer, router_options);
       if (auto* rej = std::get_if<actors::Rejected>(&admitted)) throw std::invalid_argument(rej->message);
       core::Request r = std::move(std::get<core::Request>(admitted));
@@ -114,6 +117,7 @@ int run_batch(const BatchFlags& f) {
       job.stop = submit.stop;
       r.id = jobs.size();
       if (auto err = engine.submit(r, job.stop)) throw std::invalid_argument(*err);
+      if (!job.line.echo && job.line.prompt_logprobs < 0) r.prompt_ids.clear();  // kept only for the output
       job.request = std::move(r);
     } catch (const std::exception& e) {
       job.output = json{{"id", job.id}, {"error", e.what()}};
@@ -138,6 +142,10 @@ int run_batch(const BatchFlags& f) {
     for (auto& ev : engine.take_events()) {
       Job& job = jobs.at(ev.request_id);
       if (ev.kind == core::EventKind::kScheduled) continue;
+      if (ev.kind == core::EventKind::kPromptLogprobs) {
+        job.prompt_scores.insert(job.prompt_scores.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+        continue;
+      }
       if (!ev.finished()) {
         if (job.logprobs) {
           json top = json::array();
@@ -158,7 +166,13 @@ int run_batch(const BatchFlags& f) {
         o["error"] = ev.error;
         ++failed;
       }
-      if (job.logprobs) o["logprobs"] = job.output.value("logprobs", json::array());
+      if (job.logprobs)  // none generated (max_tokens 0): no token's logprobs came
+        o["logprobs"] = job.output.is_object() ? job.output.value("logprobs", json::array()) : json::array();
+      if (job.line.echo || job.line.prompt_logprobs >= 0) {
+        const auto& ids = job.request->prompt_ids;
+        add_prompt_output(o, job.line, ids, job.line.job.prompt ? *job.line.job.prompt : dir.tokenizer.decode(ids),
+                          job.prompt_scores);
+      }
       job.output = std::move(o);
       job.done = true;
       ++done;
@@ -202,7 +216,8 @@ void add_batch_command(CLI::App& app, Registry& registry) {
          "--input", f->input,
          "JSONL jobs: {\"id\", \"prompt\" | \"prompt_ids\", \"max_tokens\", \"temperature\", \"top_k\", "
          "\"top_p\", \"seed\", \"stop\", \"logprobs\", \"ignore_eos\", \"presence_penalty\", "
-         "\"frequency_penalty\", \"logit_bias\", \"repetition_penalty\", \"priority\"}")
+         "\"frequency_penalty\", \"logit_bias\", \"repetition_penalty\", \"priority\", \"echo\", "
+         "\"prompt_logprobs\"}")
       ->required();
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
   add_scheduler_flags(*sub, f->sched);

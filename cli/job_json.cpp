@@ -1,5 +1,6 @@
 #include "cli/job_json.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -27,7 +28,9 @@ const std::set<std::string> kFields = {"id",
                                        "frequency_penalty",
                                        "logit_bias",
                                        "repetition_penalty",
-                                       "priority"};
+                                       "priority",
+                                       "echo",
+                                       "prompt_logprobs"};
 
 // An integer field within [lo, hi] of its type, or an error naming it: never
 // narrowed (JSON integers reach 2^64 - 1; larger ones parse as floats).
@@ -84,11 +87,12 @@ std::vector<std::pair<int32_t, float>> get_logit_bias(const json& v) {
 
 }  // namespace
 
-transport::Submit parse_job_json(const json& j) {
+JobLine parse_job_line(const json& j) {
   if (!j.is_object()) throw std::invalid_argument("a line must be a JSON object");
   for (const auto& [k, v] : j.items())
     if (!kFields.count(k)) throw std::invalid_argument("unknown field \"" + k + "\"");
-  transport::Submit r;
+  JobLine line;
+  transport::Submit& r = line.job;
   if (j.contains("prompt") == j.contains("prompt_ids"))
     throw std::invalid_argument("give exactly one of \"prompt\" (text) or \"prompt_ids\" (array of ids)");
   if (j.contains("prompt")) {
@@ -103,7 +107,17 @@ transport::Submit parse_job_json(const json& j) {
       r.prompt_ids->push_back(v.get<int32_t>());
     }
   }
-  if (j.contains("max_tokens")) r.max_tokens = get_int<int32_t>(j, "max_tokens", 1);
+  if (j.contains("echo")) {
+    if (!j["echo"].is_boolean()) throw std::invalid_argument("\"echo\" must be true or false");
+    line.echo = j["echo"].get<bool>();
+  }
+  if (j.contains("prompt_logprobs"))
+    line.prompt_logprobs = get_int<int32_t>(j, "prompt_logprobs", -1, core::kMaxLogprobs);
+  if (j.contains("max_tokens")) {
+    r.max_tokens = get_int<int32_t>(j, "max_tokens", 0);
+    if (r.max_tokens == 0 && !line.echo && line.prompt_logprobs < 0)
+      throw std::invalid_argument("\"max_tokens\" must be >= 1 (0 only with \"echo\" or \"prompt_logprobs\"), got 0");
+  }
   if (j.contains("temperature"))
     r.temperature = get_float(
         j, "temperature", [](float t) { return t >= 0; }, "a finite number >= 0 (0 = greedy)");
@@ -141,7 +155,47 @@ transport::Submit parse_job_json(const json& j) {
         j, "repetition_penalty", [](float x) { return x > 0 && x <= core::kMaxRepetitionPenalty; },
         "a number in (0, 10]");
   if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
-  return r;
+  // The engine scores the prompt for prompt_logprobs, for echo's logprobs,
+  // and for an echo that generates nothing.
+  r.prompt_logprobs = std::max(line.prompt_logprobs, line.echo && r.logprobs >= 0 ? r.logprobs : -1);
+  if (line.echo && r.max_tokens == 0) r.prompt_logprobs = std::max(r.prompt_logprobs, 0);
+  return line;
+}
+
+void add_prompt_output(json& out, const JobLine& line, const std::vector<int32_t>& prompt_ids,
+                       const std::string& prompt_text, const std::vector<core::SampledToken>& scores) {
+  auto top_of = [](const core::SampledToken& t, int32_t k) {
+    json top = json::array();
+    for (size_t i = 0; i < t.top.size() && static_cast<int32_t>(i) < k; ++i)
+      top.push_back({t.top[i].first, t.top[i].second});
+    return top;
+  };
+  if (line.prompt_logprobs >= 0) {
+    json list = json::array();
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+      if (i == 0 || i > scores.size()) {
+        list.push_back(nullptr);
+        continue;
+      }
+      const core::SampledToken& t = scores[i - 1];
+      list.push_back({{"id", t.id}, {"logprob", t.logprob}, {"rank", t.rank}, {"top", top_of(t, line.prompt_logprobs)}});
+    }
+    out["prompt_logprobs"] = std::move(list);
+  }
+  if (!line.echo) return;
+  out["prompt_ids"] = prompt_ids;
+  out["text"] = prompt_text + out.value("text", std::string());
+  if (line.job.logprobs < 0) return;
+  json lp = json::array();
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    if (i == 0 || i > scores.size()) {
+      lp.push_back({{"id", prompt_ids[i]}, {"logprob", nullptr}, {"top", json::array()}});
+      continue;
+    }
+    lp.push_back({{"id", scores[i - 1].id}, {"logprob", scores[i - 1].logprob}, {"top", top_of(scores[i - 1], line.job.logprobs)}});
+  }
+  for (const auto& x : out.value("logprobs", json::array())) lp.push_back(x);
+  out["logprobs"] = std::move(lp);
 }
 
 }  // namespace troupe::cli

@@ -2,7 +2,10 @@
 // with a progress bar on a terminal and --json for scripts.
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -13,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cluster/loadgen/remote_scoring.hpp"
+#include "model/text/tokenizer.hpp"
+#include "transport/curve_keys.hpp"
 #include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -27,6 +33,10 @@ struct PerplexityFlags {
   std::string model, file, device = "cpu";
   int64_t context = 0, stride = 0, batch = 128;
   bool score_second_half = false, json = false;
+  // Through a running server instead of a model loaded here.
+  std::string to, base_url, api_key, served_model, server_key, secret_key;
+  int32_t max_in_flight = 16;
+  double timeout_s = 300;
 };
 
 std::string read_text(const std::string& path) {
@@ -48,22 +58,73 @@ void draw_progress(int64_t done, int64_t total) {
   std::fflush(stderr);
 }
 
+// The windows scored by a running server (--to: troupe's head; --base-url:
+// any OpenAI-compatible server), the model folder giving only the tokenizer
+// and the positions.
+model::PerplexityResult score_remotely(const PerplexityFlags& f, const std::vector<int32_t>& ids,
+                                       const std::vector<model::PerplexityWindow>& windows,
+                                       const std::function<void(int64_t, int64_t)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<int32_t>> jobs;
+  for (const auto& w : windows) jobs.emplace_back(ids.begin() + w.begin, ids.begin() + w.end);
+  cluster::RemoteScoring rs;
+  rs.max_in_flight = f.max_in_flight;
+  rs.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(f.timeout_s)));
+  rs.progress = progress;
+  std::vector<std::vector<float>> lp;
+  if (!f.to.empty()) {
+    cluster::ClientOptions co;
+    co.endpoint = f.to;
+    if (f.server_key.empty() != f.secret_key.empty())
+      throw std::invalid_argument("CurveZMQ needs both --curve-server-key and --curve-secret-key");
+    if (!f.server_key.empty()) {
+      const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
+      co.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key, transport::load_public_key(f.server_key)};
+    }
+    lp = cluster::score_windows(co, jobs, rs);
+  } else {
+    lp = cluster::score_windows_http(f.base_url, f.api_key, f.served_model, jobs, rs);
+  }
+  model::PerplexityResult r;
+  for (size_t i = 0; i < windows.size(); ++i) model::add_window(r, windows[i], lp[i]);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
 int run_perplexity(const PerplexityFlags& f) {
-  const torch::Device device = parse_device(f.device);
-  auto dir = model::load_model_dir(f.model);
-  const std::vector<int32_t> ids = dir.tokenizer.encode(read_text(f.file));
+  const bool remote = !f.to.empty() || !f.base_url.empty();
+  if (remote && f.score_second_half)
+    throw std::invalid_argument("--score-second-half scores half a window's rows: it is local only");
+  // Remotely the model folder gives the tokenizer and the positions; no weights are loaded.
+  std::optional<model::ModelDir> dir;
+  std::optional<model::Tokenizer> tokenizer;
+  model::Gpt2Config config;
+  if (remote) {
+    tokenizer.emplace(model::Tokenizer::from_dir(f.model));
+    config = model::Gpt2Config::from_json_file(f.model + "/config.json");
+  } else {
+    dir.emplace(model::load_model_dir(f.model));
+    config = dir->config;
+  }
+  const std::vector<int32_t> ids = (remote ? *tokenizer : dir->tokenizer).encode(read_text(f.file));
   model::PerplexityOptions o;
   o.context = f.context;  // 0 (unset): the model's positions; stride 0: the context
   o.stride = f.stride;
   o.chunk = f.batch;
   o.score_second_half = f.score_second_half;
-  o = model::with_defaults(o, dir.config.n_positions);
-  model::perplexity_windows(static_cast<int64_t>(ids.size()), o);  // bad options fail before the model loads
-  const bool random = dir.config.random_weights;
-  model::Gpt2 gpt(dir.config, std::move(dir.weights), device);
+  o = model::with_defaults(o, config.n_positions);
+  // Bad options fail before the model loads.
+  const std::vector<model::PerplexityWindow> windows = model::perplexity_windows(static_cast<int64_t>(ids.size()), o);
+  const bool random = config.random_weights;
   const bool bar = !f.json && isatty(STDERR_FILENO);
-  const model::PerplexityResult r =
-      model::score_perplexity(gpt, ids, o, bar ? draw_progress : std::function<void(int64_t, int64_t)>());
+  const std::function<void(int64_t, int64_t)> progress = bar ? draw_progress : std::function<void(int64_t, int64_t)>();
+  model::PerplexityResult r;
+  if (remote) {
+    r = score_remotely(f, ids, windows, progress);
+  } else {
+    model::Gpt2 gpt(dir->config, std::move(dir->weights), parse_device(f.device));
+    r = model::score_perplexity(gpt, ids, o, progress);
+  }
   const double run_per_s = r.seconds > 0 ? static_cast<double>(r.run) / r.seconds : 0.0;
   const double scored_per_s = r.seconds > 0 ? static_cast<double>(r.scored) / r.seconds : 0.0;
   const char* convention = f.score_second_half ? "second_half" : "sliding";
@@ -82,8 +143,11 @@ int run_perplexity(const PerplexityFlags& f) {
            {"tokens_per_s", run_per_s},
            {"scored_per_s", scored_per_s},
            {"random_weights", random},
-           {"cpu", model::cpu_model_name()},
-           {"kernels", model::to_string(model::kernel_isa())}};
+           {"scored_by", !f.to.empty() ? f.to : !f.base_url.empty() ? f.base_url : "local"}};
+    if (!remote) {
+      j["cpu"] = model::cpu_model_name();
+      j["kernels"] = model::to_string(model::kernel_isa());
+    }
     std::cout << j.dump() << std::endl;
     return 0;
   }
@@ -92,8 +156,12 @@ int run_perplexity(const PerplexityFlags& f) {
               static_cast<long long>(r.scored), ids.size(), static_cast<long long>(r.windows),
               static_cast<long long>(o.context), convention, static_cast<long long>(o.stride),
               static_cast<long long>(r.run));
-  std::printf("%.1f s: %.0f tokens/s run, %.0f scored/s (%s, kernels %s)\n", r.seconds, run_per_s, scored_per_s,
-              model::cpu_model_name().c_str(), model::to_string(model::kernel_isa()));
+  if (remote)
+    std::printf("%.1f s: %.0f tokens/s run, %.0f scored/s (scored by %s)\n", r.seconds, run_per_s, scored_per_s,
+                (!f.to.empty() ? f.to : f.base_url).c_str());
+  else
+    std::printf("%.1f s: %.0f tokens/s run, %.0f scored/s (%s, kernels %s)\n", r.seconds, run_per_s, scored_per_s,
+                model::cpu_model_name().c_str(), model::to_string(model::kernel_isa()));
   if (random) std::printf("note: RANDOM weights (%s): this perplexity measures nothing about language\n", f.model.c_str());
   return 0;
 }
@@ -119,6 +187,21 @@ void add_perplexity_command(CLI::App& app, Registry& registry) {
                 "end, each scoring only its second half");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   sub->add_flag("--json", f->json, "Print one JSON object");
+  auto* to = sub->add_option("--to", f->to,
+                             "Score through a running troupe head (its client endpoint, tcp://HOST:5555): "
+                             "--model then gives only the tokenizer and the positions");
+  auto* url = sub->add_option("--base-url", f->base_url,
+                              "Score through an OpenAI-compatible server (http://HOST:PORT): each window is a "
+                              "completion with echo, logprobs 0, max_tokens 0");
+  to->excludes(url);
+  sub->add_option("--api-key", f->api_key, "--base-url: the server's API key (Bearer)");
+  sub->add_option("--served-model", f->served_model, "--base-url: the model name to send (default: none)");
+  sub->add_option("--curve-server-key", f->server_key, "--to: CurveZMQ, the head's public key (or its .pub file)");
+  sub->add_option("--curve-secret-key", f->secret_key, "--to: CurveZMQ, this client's secret key file");
+  sub->add_option("--max-in-flight", f->max_in_flight, "--to / --base-url: windows scored at once")
+      ->check(positive_number());
+  sub->add_option("--timeout", f->timeout_s, "--to / --base-url: seconds of silence before giving up")
+      ->check(positive_number());
   registry.push_back({sub, [f] { return run_perplexity(*f); }});
 }
 

@@ -73,6 +73,10 @@ struct Outcome {
   std::string text;
   std::vector<int32_t> ids;
   json logprobs = json::array();
+  JobLine job;  // echo, prompt_logprobs
+  std::vector<int32_t> prompt_ids;
+  std::string prompt_text;
+  std::vector<core::SampledToken> prompt_scores;
   std::optional<transport::Finished> finished;
   std::optional<std::string> error;  // rejected, or failed before finishing
   int busy_retries = 0;
@@ -96,11 +100,17 @@ struct Outcome {
     if (client_ttft_ms >= 0) o["timings"]["client_ttft_ms"] = client_ttft_ms;
     if (finished->finish_reason == core::FinishReason::kError) o["error"] = finished->error;
     if (!logprobs.empty()) o["logprobs"] = logprobs;
+    if (job.echo || job.prompt_logprobs >= 0) add_prompt_output(o, job, prompt_ids, prompt_text, prompt_scores);
     return o;
   }
   // Applies one message about this job; true when it is the last one.
   bool apply(const transport::Message& m) {
     if (auto* t = std::get_if<transport::Tokens>(&m)) {
+      if (!t->prompt_ids.empty()) {
+        prompt_ids = t->prompt_ids;
+        prompt_text = t->prompt_text;
+        prompt_scores = t->prompt_logprobs;
+      }
       text += t->text;
       ids.insert(ids.end(), t->ids.begin(), t->ids.end());
       for (size_t i = 0; i < t->logprobs.size() && i < t->ids.size(); ++i) {
@@ -240,7 +250,8 @@ int submit_file(const SubmitFlags& f) {
     try {
       json j = cluster::parse_json_input(line);
       if (j.is_object() && j.contains("id")) o.id = j["id"];
-      s = parse_job_json(j);
+      o.job = parse_job_line(j);
+      s = o.job.job;
       s->tag = jobs.size() + 1;
     } catch (const std::exception& e) {
       o.error = e.what();

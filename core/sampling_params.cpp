@@ -29,6 +29,9 @@ void validate(const SamplingParams& p) {
   if (p.logprobs < -1 || p.logprobs > kMaxLogprobs)
     throw std::invalid_argument("sampling: logprobs must be -1 (off) or 0.." + std::to_string(kMaxLogprobs) +
                                 ", got " + std::to_string(p.logprobs));
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxLogprobs)
+    throw std::invalid_argument("sampling: prompt_logprobs must be -1 (off) or 0.." +
+                                std::to_string(kMaxLogprobs) + ", got " + std::to_string(p.prompt_logprobs));
   auto penalty = [](const char* name, float v) {
     if (!(v >= -kMaxPenalty && v <= kMaxPenalty))
       throw std::invalid_argument(std::string("sampling: ") + name + " must be in [-2, 2] (0 = off), got " +

@@ -30,6 +30,11 @@ struct SamplingParams {
   float top_p = 1.0f;        // nucleus: smallest set with mass >= top_p; 1 = off; (0, 1]
   uint64_t seed = 0;         // always set by the time a plan carries it (router or scheduler picks one)
   int32_t logprobs = -1;     // -1 = no logprobs; K in [0, kMaxLogprobs] = chosen token's logprob + top K
+  // -1 = none; K in [0, kMaxLogprobs]: the logprob (and rank) of every prompt
+  // token after the first under the model's raw logits, and the top K
+  // alternatives at each position (vLLM's prompt_logprobs; OpenAI's echo).
+  // The worker runs the LM head on the prompt's rows as well.
+  int32_t prompt_logprobs = -1;
   // Adjustments to the raw logits before temperature, top-k and top-p, in
   // this order: logit[t] + bias[t] (OpenAI's logit_bias); then for every t
   // in the prompt or generated so far, / repetition_penalty when positive,
@@ -54,10 +59,11 @@ struct SampledToken {
   int32_t id = -1;
   float logprob = 0.0f;                        // log-softmax of the unscaled logits (0 without logprobs)
   std::vector<std::pair<int32_t, float>> top;  // top-K alternatives (id, logprob), most likely first
+  int32_t rank = 0;  // a scored prompt token's 1-based rank under the raw logits (1 + ids above it); 0 = not given
 };
 
 // Throws std::invalid_argument unless temperature is finite and >= 0,
-// top_k >= 0, top_p is in (0, 1], logprobs is in [-1, kMaxLogprobs], the
+// top_k >= 0, top_p is in (0, 1], logprobs and prompt_logprobs are in [-1, kMaxLogprobs], the
 // penalties are in [-kMaxPenalty, kMaxPenalty], repetition_penalty in
 // (0, kMaxRepetitionPenalty], and logit_bias has at most
 // kMaxLogitBias entries, ids >= 0 strictly increasing, biases in

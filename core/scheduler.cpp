@@ -52,12 +52,17 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
     return id() + "prompt has " + std::to_string(n) + " tokens, more than max_model_len " +
            std::to_string(options_.max_model_len);
   }
-  if (r.max_tokens < 1) return id() + "max_tokens must be >= 1";
+  const bool score_only = r.max_tokens == 0 && r.sampling.prompt_logprobs >= 0;
+  if (r.max_tokens < 1 && !score_only)
+    return id() + "max_tokens must be >= 1 (0 only with prompt_logprobs: scoring the prompt)";
+  if (r.prompt_scored < 0 || r.prompt_scored > std::max<int64_t>(0, n - 1))
+    return id() + "prompt_scored " + std::to_string(r.prompt_scored) + " is outside [0, prompt length - 1]";
   if (n + r.max_tokens > options_.max_model_len) {
     return id() + "prompt (" + std::to_string(n) + ") + max_tokens (" + std::to_string(r.max_tokens) +
            ") exceeds max_model_len " + std::to_string(options_.max_model_len) + "; lower max_tokens";
   }
-  if (done >= r.max_tokens) return id() + "already generated max_tokens tokens: nothing left to do";
+  if (done >= r.max_tokens && !(score_only && done == 0))
+    return id() + "already generated max_tokens tokens: nothing left to do";
   auto bad_id = [&](const std::vector<int32_t>& ids, const char* what) -> std::optional<std::string> {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= options_.vocab_size) {
@@ -77,8 +82,9 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
   } catch (const std::invalid_argument& e) {
     return id() + e.what();
   }
-  // The last generated token is sampled, never fed back, so it takes no slot.
-  const int64_t max_slots = n + r.max_tokens - 1;
+  // The last generated token is sampled, never fed back, so it takes no slot
+  // (with none generated, every prompt token still takes one).
+  const int64_t max_slots = n + std::max(r.max_tokens, 1) - 1;
   if (blocks_for(max_slots) > options_.num_blocks) {
     return id() + "needs up to " + std::to_string(blocks_for(max_slots)) + " KV blocks but the pool has " +
            std::to_string(options_.num_blocks) + "; shorten the prompt or lower max_tokens";
@@ -93,7 +99,7 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
 
 bool Scheduler::fits(const SchedulerOptions& o, const Request& r) {
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
-  const int64_t max_slots = n + r.max_tokens - 1;
+  const int64_t max_slots = n + std::max(r.max_tokens, 1) - 1;
   const int64_t blocks = (max_slots + o.block_size - 1) / o.block_size;
   return n + r.max_tokens <= o.max_model_len && blocks <= o.num_blocks &&
          (o.enable_chunked_prefill || max_slots <= o.max_num_batched_tokens);
@@ -114,6 +120,7 @@ std::optional<std::string> Scheduler::submit(Request request) {
   s->request.seed = s->request.sampling.seed;
   s->id = s->request.id;
   s->max_tokens = s->request.max_tokens;
+  s->prompt_scored = s->request.prompt_scored;
   s->ignore_eos = s->request.ignore_eos;
   s->arrival = next_arrival_++;
   waiting_.insert(wait_key(*s));
@@ -161,7 +168,8 @@ void Scheduler::add_work(Sequence& s, int32_t n, StepPlan& plan) {
   w.start_pos = s.num_scheduled();
   w.num_tokens = n;
   w.new_blocks.assign(s.blocks.begin() + s.blocks_sent, s.blocks.end());
-  w.sample = s.num_scheduled() + n == s.length();
+  w.sample = s.num_scheduled() + n == s.length() && s.max_tokens > 0;  // 0: scoring only
+  w.score_rows = s.score_rows(s.num_scheduled(), n);
   s.blocks_sent = static_cast<int32_t>(s.blocks.size());
   s.in_flight.push_back({plan.step_id, n, w.sample});
   s.plan_index = static_cast<int32_t>(plan.work.size());
@@ -235,8 +243,10 @@ int32_t Scheduler::grow(Sequence& s, int32_t want, int32_t& budget, StepPlan& pl
 bool Scheduler::try_admit(Sequence& s, int32_t& budget, StepPlan& plan) {
   const int32_t bs = options_.block_size;
   const auto total = static_cast<int32_t>(s.tokens.size());
-  // At least the last token is computed: its logits give the next token.
-  const int32_t max_hit = (total - 1) / bs;
+  // At least the last token is computed: its logits give the next token. A
+  // sequence that still owes prompt logprobs takes no hit: every prompt row
+  // must run for its logits (its full blocks are still offered to others).
+  const int32_t max_hit = s.scoring() ? 0 : (total - 1) / bs;
   std::vector<int32_t> hits;
   if (allocator_.prefix_caching()) {
     ensure_hashes(s, max_hit);
@@ -318,7 +328,7 @@ StepPlan Scheduler::schedule() {
   //    token a step in flight is sampling: the worker feeds its own).
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
-    if (s.num_pending() != 1 || !may_sample(s)) continue;
+    if (s.num_pending() != 1 || !may_sample(s) || s.max_tokens == 0) continue;
     if (grow(s, 1, budget, plan, preempted) == 0) continue;  // s itself was the victim (and the last)
     add_work(s, 1, plan);
     budget -= 1;
@@ -326,9 +336,12 @@ StepPlan Scheduler::schedule() {
   // 2. Next chunks of partly prefilled prompts (Sarathi-Serve).
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
-    if (s.plan_index >= 0 || s.num_pending() < 2) continue;
+    // A scoring-only sequence (max_tokens 0) has no decode: its last prompt
+    // token runs here too, alone if need be.
+    const bool score_only = s.max_tokens == 0;
+    if (s.plan_index >= 0 || s.num_pending() < (score_only ? 1 : 2)) continue;
     const int32_t want = std::min(s.num_pending(), budget);
-    if (s.num_scheduled() + want == s.length() && !may_sample(s)) continue;
+    if (s.num_scheduled() + want == s.length() && !may_sample(s) && !score_only) continue;
     const int32_t n = grow(s, want, budget, plan, preempted);
     if (n == 0) continue;
     add_work(s, n, plan);
@@ -354,6 +367,7 @@ StepPlan Scheduler::schedule() {
     if (s == nullptr) continue;
     s->plan_index = -1;
     record.work.push_back({s->id, s->slot, plan.work[i].sample});
+    record.scores = record.scores || plan.work[i].score_rows > 0;
     if (k != i) plan.work[k] = std::move(plan.work[i]);
     ++k;
   }
@@ -512,9 +526,13 @@ void Scheduler::on_step_done(const StepResult& result) {
                                   ", which is not in the step or is named twice");
     }
   }
-  if (!result.error.empty() && (!result.outputs.empty() || !result.failures.empty())) {
-    throw std::invalid_argument(who() + "a failed step cannot also have outputs or failures");
+  if (!result.error.empty() &&
+      (!result.outputs.empty() || !result.failures.empty() || !result.prompt_scores.empty())) {
+    throw std::invalid_argument(who() + "a failed step cannot also have outputs, failures or prompt scores");
   }
+  std::unordered_map<uint64_t, const PromptScores*> scores;
+  if (result.error.empty() && (rec.scores || !result.prompt_scores.empty()))
+    check_prompt_scores(result, rec, failed, scores);
   size_t j = 0;
   if (result.error.empty()) {
     for (const WorkRef& w : rec.work) {
@@ -559,10 +577,75 @@ void Scheduler::on_step_done(const StepResult& result) {
     s.num_computed += s.in_flight.front().num_tokens;
     s.in_flight.pop_front();
     register_full_blocks(s);
-    if (out != nullptr) append_token(s, out->token);
+    if (!scores.empty())
+      if (auto sc = scores.find(s.id); sc != scores.end()) deliver_prompt_scores(s, *sc->second);
+    if (out != nullptr) {
+      append_token(s, out->token);
+    } else if (s.max_tokens == 0 && s.num_computed >= s.num_prompt) {
+      end(s, FinishReason::kLength, {});  // scored the whole prompt; nothing to generate
+    }
   }
   spare_record_work_ = std::move(done.work);  // the next step's record
   remove_finished();
+}
+
+void Scheduler::check_prompt_scores(const StepResult& result, const StepRecord& rec,
+                                    const std::unordered_map<uint64_t, const SeqFailure*>& failed,
+                                    std::unordered_map<uint64_t, const PromptScores*>& scores) const {
+  auto who = [&] { return "Scheduler::on_step_done: step " + std::to_string(result.step_id) + ": "; };
+  for (const PromptScores& p : result.prompt_scores) {
+    const bool known =
+        std::any_of(rec.work.begin(), rec.work.end(), [&](const WorkRef& w) { return w.seq_id == p.seq_id; });
+    if (!known || !scores.emplace(p.seq_id, &p).second)
+      throw std::invalid_argument(who() + "prompt scores for seq " + std::to_string(p.seq_id) +
+                                  ", which is not in the step or is named twice");
+    if (p.start < 1 || p.tokens.empty())
+      throw std::invalid_argument(who() + "prompt scores for seq " + std::to_string(p.seq_id) +
+                                  " start at position " + std::to_string(p.start) + " or hold no token");
+  }
+  // Each work item that counts must bring every prompt score it owes (none
+  // skipped: nothing is lost silently), for the prompt's own tokens.
+  for (const WorkRef& w : rec.work) {
+    if (failed.count(w.seq_id)) continue;
+    const Sequence* s = slab_[static_cast<size_t>(w.slot)].get();
+    if (s == nullptr || s->id != w.seq_id || s->finished || s->in_flight.empty() ||
+        s->in_flight.front().step_id != rec.step_id)
+      continue;
+    const auto sc = scores.find(w.seq_id);
+    const int32_t rows = s->score_rows(s->num_computed, s->in_flight.front().num_tokens);
+    const int32_t owed_to = s->num_computed + rows;  // positions up to it scored after this step
+    if (sc == scores.end()) {
+      if (rows > 0 && owed_to > s->prompt_scored)
+        throw std::invalid_argument(who() + "no prompt scores for seq " + std::to_string(w.seq_id) +
+                                    ", which asked for them");
+      continue;
+    }
+    const PromptScores& p = *sc->second;
+    const int64_t end = p.start + static_cast<int64_t>(p.tokens.size());
+    if (p.start > s->prompt_scored + 1 || end - 1 < std::min(owed_to, s->num_prompt - 1) ||
+        end > s->num_prompt)
+      throw std::invalid_argument(who() + "prompt scores for seq " + std::to_string(w.seq_id) + " cover positions " +
+                                  std::to_string(p.start) + ".." + std::to_string(end - 1) + ", not the " +
+                                  std::to_string(s->prompt_scored + 1) + ".." + std::to_string(owed_to) +
+                                  " it owes within its prompt of " + std::to_string(s->num_prompt));
+    for (size_t i = 0; i < p.tokens.size(); ++i)
+      if (p.tokens[i].id != s->tokens[static_cast<size_t>(p.start) + i])
+        throw std::invalid_argument(who() + "prompt score " + std::to_string(p.start + static_cast<int64_t>(i)) +
+                                    " of seq " + std::to_string(w.seq_id) + " names token " +
+                                    std::to_string(p.tokens[i].id) + ", not the prompt's");
+  }
+}
+
+void Scheduler::deliver_prompt_scores(Sequence& s, const PromptScores& p) {
+  const int32_t from = std::max(p.start, s.prompt_scored + 1);  // a recomputed prefix was sent already
+  const int32_t end = p.start + static_cast<int32_t>(p.tokens.size());
+  if (from >= end) return;
+  RequestEvent& ev = events_.emplace_back();
+  ev.request_id = s.id;
+  ev.kind = EventKind::kPromptLogprobs;
+  ev.prompt_start = from;
+  ev.prompt_logprobs.assign(p.tokens.begin() + (from - p.start), p.tokens.end());
+  s.prompt_scored = end - 1;
 }
 
 bool Scheduler::finish(uint64_t id, FinishReason reason, const std::string& error) {
@@ -580,6 +663,7 @@ std::optional<Request> Scheduler::extract(uint64_t id) {
   Request r = s.request;
   r.prompt_ids.assign(s.tokens.begin(), s.tokens.begin() + s.num_prompt);
   r.output_ids.assign(s.tokens.begin() + s.num_prompt, s.tokens.end());
+  r.prompt_scored = s.prompt_scored;
   if (s.state == Sequence::State::kWaiting) waiting_.erase(wait_key(s));
   forget_at_worker(s);
   free_blocks(s);

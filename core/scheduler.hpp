@@ -188,6 +188,7 @@ class Scheduler {
   struct StepRecord {
     uint64_t step_id;
     std::vector<WorkRef> work;  // parallel to the plan's work
+    bool scores = false;        // some work item owes prompt scores (the result is checked for them)
   };
 
   int32_t blocks_for(int64_t tokens) const;
@@ -204,6 +205,13 @@ class Scheduler {
   void forget_at_worker(Sequence& s);
   void register_full_blocks(Sequence& s);
   bool append_token(Sequence& s, const SampledToken& tok);
+  // A result's prompt scores against its step (before anything changes):
+  // throws std::invalid_argument when one is misplaced or a work item lacks
+  // the scores it owes; fills `scores` by seq_id.
+  void check_prompt_scores(const StepResult& result, const StepRecord& rec,
+                           const std::unordered_map<uint64_t, const SeqFailure*>& failed,
+                           std::unordered_map<uint64_t, const PromptScores*>& scores) const;
+  void deliver_prompt_scores(Sequence& s, const PromptScores& p);
   void fail(Sequence& s, const std::string& error, bool retryable);
   void end(Sequence& s, FinishReason reason, const std::string& error);
   void remove_finished();

@@ -33,7 +33,10 @@ void Scheduler::check_invariants() const {
       broken(who + "not in its slab slot");
     if (s.finished || s.plan_index != -1) broken(who + "finished or planned outside schedule()");
     const auto received = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
-    if (received < 0 || received >= s.request.max_tokens) broken(who + "received count out of range");
+    if (received < 0 || (received >= s.request.max_tokens && !(received == 0 && s.request.max_tokens == 0)))
+      broken(who + "received count out of range");
+    if (s.prompt_scored < 0 || s.prompt_scored > std::max(0, s.num_prompt - 1))
+      broken(who + "prompt_scored out of range");
     if (s.num_generated() > s.request.max_tokens)
       broken(who + "more tokens in flight than max_tokens allows");
     if (s.length() > options_.max_model_len) broken(who + "longer than max_model_len");

@@ -72,6 +72,7 @@ struct Sequence {
   bool admitted_once = false;
   int32_t cached_tokens = 0;  // prefix-cache hit at first admission (usage)
   int32_t failures = 0;       // failed steps survived (the next one ends the request)
+  int32_t prompt_scored = 0;  // prompt_logprobs: positions 1 .. prompt_scored delivered
   uint64_t arrival = 0;       // submission order: the policy's tie-break
   Request request;            // prompt_ids and output_ids moved out into `tokens`
 
@@ -92,6 +93,16 @@ struct Sequence {
   int32_t num_pending() const { return length() - num_scheduled(); }
   // Generated tokens, counting those still in flight.
   int32_t num_generated() const { return length() - num_prompt; }
+  // Asks for prompt logprobs and has not had them all yet: its prompt rows
+  // must run (no prefix-cache hit) and their scores come back.
+  bool scoring() const {
+    return request.sampling.prompt_logprobs >= 0 && prompt_scored < num_prompt - 1;
+  }
+  // Of the rows [start, start + n), those whose logits score a prompt token.
+  int32_t score_rows(int32_t start, int32_t n) const {
+    if (request.sampling.prompt_logprobs < 0) return 0;
+    return std::max(0, std::min(start + n, num_prompt - 1) - start);
+  }
 };
 
 }  // namespace troupe::core

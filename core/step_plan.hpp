@@ -38,6 +38,10 @@ struct SeqWork {
   int32_t num_tokens = 0;           // run positions [start_pos, start_pos + num_tokens); >= 1
   std::vector<int32_t> new_blocks;  // appended to its block table before it runs
   bool sample = false;              // sample the token at start_pos + num_tokens (decode, last prompt chunk)
+  // Rows of this chunk whose logits score a prompt token (prompt_logprobs):
+  // the LM head runs on them too. The scheduler's count, for step costs; not
+  // on the wire (a worker finds them from the prompt it holds).
+  int32_t score_rows = 0;
 };
 
 struct StepPlan {
@@ -58,6 +62,15 @@ struct SeqOutput {
   SampledToken token;
 };
 
+// The logprobs of prompt tokens [start, start + tokens.size()) of one
+// sequence (prompt_logprobs), scored by the rows of one chunk: the row of
+// position p gives the token at p + 1. Each token's id is the prompt's.
+struct PromptScores {
+  uint64_t seq_id = 0;
+  int32_t start = 0;  // >= 1: the first prompt token has nothing before it
+  std::vector<SampledToken> tokens;
+};
+
 // A work item that did not run. The worker has forgotten the sequence.
 struct SeqFailure {
   uint64_t seq_id = 0;
@@ -69,6 +82,7 @@ struct StepResult {
   uint64_t step_id = 0;
   std::vector<SeqOutput> outputs;    // one per sampling work item that ran, in plan order
   std::vector<SeqFailure> failures;  // work items that did not run, in plan order
+  std::vector<PromptScores> prompt_scores;  // one per work item that scored prompt tokens, in plan order
   std::string error;                 // non-empty: the whole step failed, nothing ran, and the worker
                                      // forgot every sequence of the step (outputs, failures empty)
   double forward_ms = 0.0;           // worker: model + sampling wall time
@@ -88,6 +102,9 @@ struct SeqChunk {
   // sampling repeats_prompt()), then every generated one.
   std::vector<int32_t> history;
   int32_t history_prompt = 0;
+  // prompt_logprobs: the prompt tokens its first rows predict (row i scores
+  // score_ids[i], the token at start_pos + i + 1); empty otherwise.
+  std::vector<int32_t> score_ids;
 };
 
 }  // namespace troupe::core

@@ -220,6 +220,11 @@ torch::Tensor Gpt2::forward_contiguous(const std::vector<int32_t>& ids, Contiguo
 
 torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache,
                                  PagedAttention attention) const {
+  return lm_head(forward_step_hidden(batch, cache, attention));
+}
+
+torch::Tensor Gpt2::forward_step_hidden(const FlatBatch& batch, PagedKvCache& cache,
+                                        PagedAttention attention) const {
   const char* who = "Gpt2::forward_step";
   if (cache.n_layer() != config_.n_layer || cache.n_head() != config_.n_head ||
       cache.head_dim() != config_.head_dim())
@@ -303,7 +308,7 @@ torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache,
   in.context_lens = batch.context_lens;
   in.block_tables = bt;
   const int64_t E = config_.n_embd;
-  torch::Tensor x = run_blocks(
+  return run_blocks(
       embed(ids.to(device_), pos.to(device_)),
       [&](int l, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
         cache.write(l, slots_dev, k, v);
@@ -313,7 +318,6 @@ torch::Tensor Gpt2::forward_step(const FlatBatch& batch, PagedKvCache& cache,
         return (kernel ? paged_attention_cpu(in) : paged_attention_gather(in)).view({T, E});
       },
       rows);
-  return lm_head(x);
 }
 
 }  // namespace troupe::model

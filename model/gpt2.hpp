@@ -95,6 +95,14 @@ class Gpt2 {
   // write: a bad batch throws std::invalid_argument and leaves the cache as it was.
   torch::Tensor forward_step(const FlatBatch& batch, PagedKvCache& cache,
                              PagedAttention attention = PagedAttention::kAuto) const;
+  // The same step, returning the last block's output [sample_rows.size(), E]
+  // for those rows instead of logits: lm_head() of any slice of it gives
+  // their logits, so a caller that needs many rows' logits can take them a
+  // few at a time (forward_step = lm_head(forward_step_hidden)).
+  torch::Tensor forward_step_hidden(const FlatBatch& batch, PagedKvCache& cache,
+                                    PagedAttention attention = PagedAttention::kAuto) const;
+  // ln_f, then the LM head: logits [R, vocab] of hidden rows [R, E].
+  torch::Tensor lm_head(const torch::Tensor& hidden) const;
 
  private:
   // Weights on device_. Each projection is a Linear: packed for the
@@ -113,7 +121,6 @@ class Gpt2 {
   // only those rows after its attention (what follows is per row), so the
   // result is [keep_rows.size(0), E].
   torch::Tensor run_blocks(torch::Tensor x, const AttendFn& attend, const torch::Tensor& keep_rows) const;
-  torch::Tensor lm_head(const torch::Tensor& x) const;  // ln_f, then x @ wte^T
   void check_ids(const std::vector<int32_t>& ids, const char* who) const;
 
   Gpt2Config config_;

@@ -56,6 +56,16 @@ std::vector<PerplexityWindow> perplexity_windows(int64_t n_tokens, const Perplex
 
 double PerplexityResult::ppl() const { return std::exp(mean_nll()); }
 
+void add_window(PerplexityResult& r, const PerplexityWindow& w, const std::vector<float>& logprobs) {
+  if (static_cast<int64_t>(logprobs.size()) != w.end - w.begin - 1)
+    throw std::invalid_argument("perplexity: a window of " + std::to_string(w.end - w.begin) + " tokens came back with " +
+                                std::to_string(logprobs.size()) + " logprobs");
+  for (int64_t p = w.score_from; p < w.end; ++p) r.nll -= static_cast<double>(logprobs[p - w.begin - 1]);
+  r.scored += w.end - w.score_from;
+  r.run += w.end - w.begin;
+  ++r.windows;
+}
+
 PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>& ids,
                                   const PerplexityOptions& options,
                                   const std::function<void(int64_t, int64_t)>& progress) {

@@ -59,6 +59,11 @@ struct PerplexityResult {
   double ppl() const;  // exp(mean_nll())
 };
 
+// Adds one window scored elsewhere (a server's prompt logprobs): logprobs[i]
+// is the logprob of the window's token begin + i + 1 given those before it.
+// Throws std::invalid_argument unless it holds end - begin - 1 of them.
+void add_window(PerplexityResult& result, const PerplexityWindow& window, const std::vector<float>& logprobs);
+
 // Scores `ids` with `model` (its own device). `progress(windows done,
 // windows)` after each window, if given. The options are checked as
 // perplexity_windows does, and the context against the model's positions.

@@ -405,6 +405,47 @@ SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& p,
   return out;
 }
 
+SampledToken score(const float* logits, int64_t vocab, int32_t id, int32_t n_top) {
+  if (vocab < 1 || id < 0 || id >= vocab)
+    throw std::invalid_argument("score: token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(vocab) + ")");
+  if (n_top < 0 || n_top > kMaxLogprobs)
+    throw std::invalid_argument("score: n_top must be in [0, " + std::to_string(kMaxLogprobs) + "], got " +
+                                std::to_string(n_top));
+  const SamplerKernels& k = sampler_kernels(kernel_isa());
+  const LogitScan raw = k.scan(logits, vocab);
+  if (raw.bad) throw std::runtime_error("score: logits contain NaN or +inf (the forward pass diverged)");
+  if (raw.max == -INFINITY) throw std::runtime_error("score: every logit is -inf");
+  SampledToken out;
+  out.id = id;
+  scratch().exp_of = nullptr;  // nothing computed for an earlier row is reused
+  fill_logprobs(k, logits, vocab, raw, n_top, out);
+  const float x = logits[id];
+  int32_t above = 0;
+  for (int64_t i = 0; i < vocab; ++i) above += logits[i] > x ? 1 : 0;
+  out.rank = 1 + above;
+  return out;
+}
+
+std::vector<SampledToken> score_rows(const at::Tensor& logits, const std::vector<int32_t>& ids,
+                                     const std::vector<int32_t>& n_top) {
+  if (logits.dim() != 2 || !at::isFloatingType(logits.scalar_type()))
+    throw std::invalid_argument("score_rows: logits must be a floating [rows, vocab] tensor");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (static_cast<int64_t>(ids.size()) != rows || static_cast<int64_t>(n_top.size()) != rows)
+    throw std::invalid_argument("score_rows: " + std::to_string(rows) + " logit rows but " +
+                                std::to_string(ids.size()) + " ids and " + std::to_string(n_top.size()) + " n_top");
+  std::vector<SampledToken> out(rows);
+  if (rows == 0) return out;
+  const at::Tensor cpu = logits.to(at::kCPU, at::kFloat).contiguous();
+  const float* base = cpu.data_ptr<float>();
+  // An exception inside parallel_for is rethrown on the caller's thread.
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) out[r] = score(base + r * vocab, vocab, ids[r], n_top[r]);
+  });
+  return out;
+}
+
 std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vector<SamplingParams>& params,
                                       const std::vector<int64_t>& positions,
                                       const std::vector<History>& history) {

@@ -102,6 +102,17 @@ struct History {
 SampledToken sample(const float* logits, int64_t vocab, const SamplingParams& params, int64_t position,
                     History history = {});
 
+// Scores token `id` under the raw `logits[0, vocab)`: its log-softmax, its
+// 1-based rank (1 + the ids with a larger logit) and the top `n_top` ids
+// (most likely first), as sample() gives a chosen token's logprobs. Throws
+// std::invalid_argument on an id outside [0, vocab) or n_top outside [0,
+// kMaxLogprobs], std::runtime_error on NaN or +inf logits or all -inf.
+SampledToken score(const float* logits, int64_t vocab, int32_t id, int32_t n_top);
+// score() of row r of `logits` [R, V] (copied to CPU fp32 once) for ids[r]
+// with n_top[r] alternatives; rows in parallel.
+std::vector<SampledToken> score_rows(const at::Tensor& logits, const std::vector<int32_t>& ids,
+                                     const std::vector<int32_t>& n_top);
+
 // Samples row r of `logits` [R, V] (any floating dtype, any device: copied to
 // CPU fp32 once) with params[r] at positions[r], after history[r] (when
 // `history` is empty, no row has one); rows run in parallel

@@ -78,6 +78,12 @@ void StepExecutor::validate(const std::vector<core::SeqChunk>& chunks) const {
         bad(c, "writes KV slot " + std::to_string(slot) + " (block " + std::to_string(slot / bs) +
                    ") that seq " + std::to_string(it->second) + " also writes in this step");
     }
+    if (static_cast<int64_t>(c.score_ids.size()) > n)
+      bad(c, "scores " + std::to_string(c.score_ids.size()) + " prompt tokens with " + std::to_string(n) + " rows");
+    for (int32_t id : c.score_ids)
+      if (id < 0 || id >= cfg.vocab_size) bad(c, "scores token " + std::to_string(id) + ", outside the vocabulary");
+    if (!c.score_ids.empty() && (c.sampling.prompt_logprobs < 0 || c.sampling.prompt_logprobs > core::kMaxLogprobs))
+      bad(c, "scores prompt tokens with prompt_logprobs " + std::to_string(c.sampling.prompt_logprobs));
     if (c.sample) {
       try {
         core::validate(c.sampling);
@@ -132,24 +138,90 @@ FlatBatch StepExecutor::flatten(const std::vector<core::SeqChunk>& chunks) const
 }
 
 std::vector<core::SeqOutput> StepExecutor::run(const std::vector<core::SeqChunk>& chunks,
-                                               std::vector<core::SeqFailure>& failures) {
+                                               std::vector<core::SeqFailure>& failures,
+                                               std::vector<core::PromptScores>& scores) {
   std::vector<core::SeqOutput> outputs;
   if (chunks.empty()) return outputs;
   validate(chunks);
-  const FlatBatch batch = flatten(chunks);
-  const at::Tensor logits = model_.forward_step(batch, cache_, attention_);
+  FlatBatch batch = flatten(chunks);
+  // The rows the LM head runs on: each sampling chunk's last (flatten's
+  // sample_rows), then the rows that score prompt tokens, chunk by chunk.
+  const auto n_sample = static_cast<int64_t>(batch.sample_rows.size());
+  std::vector<int32_t> score_ids, score_top;
+  std::vector<size_t> score_chunk;  // chunk of each score row
+  int64_t row0 = 0;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const core::SeqChunk& c = chunks[ci];
+    for (size_t i = 0; i < c.score_ids.size(); ++i) {
+      batch.sample_rows.push_back(row0 + static_cast<int64_t>(i));
+      score_ids.push_back(c.score_ids[i]);
+      score_top.push_back(c.sampling.prompt_logprobs);
+      score_chunk.push_back(ci);
+    }
+    row0 += static_cast<int64_t>(c.token_ids.size());
+  }
+  const at::Tensor hidden = model_.forward_step_hidden(batch, cache_, attention_);
+
+  // Prompt scores, a block of rows at a time: a long prompt chunk's logits
+  // never exist whole ([128, 50257] fp32 is 25 MiB, under the heap's 32 MiB
+  // mmap threshold). A row that cannot be scored (NaN) fails its sequence.
+  std::vector<bool> failed(chunks.size(), false);
+  std::vector<core::SampledToken> scored(score_ids.size());
+  const auto n_score = static_cast<int64_t>(score_ids.size());
+  for (int64_t b0 = 0; b0 < n_score; b0 += score_rows_per_call_) {
+    const int64_t m = std::min(score_rows_per_call_, n_score - b0);
+    const at::Tensor logits = model_.lm_head(hidden.narrow(0, n_sample + b0, m));
+    const std::vector<int32_t> ids(score_ids.begin() + b0, score_ids.begin() + b0 + m);
+    const std::vector<int32_t> top(score_top.begin() + b0, score_top.begin() + b0 + m);
+    try {
+      std::vector<core::SampledToken> block = score_rows(logits, ids, top);
+      std::move(block.begin(), block.end(), scored.begin() + b0);
+    } catch (const std::runtime_error&) {
+      const at::Tensor cpu = logits.to(at::kCPU, at::kFloat).contiguous();
+      const int64_t vocab = cpu.size(1);
+      for (int64_t r = 0; r < m; ++r) {
+        const size_t ci = score_chunk[b0 + r];
+        try {
+          scored[b0 + r] = score(cpu.data_ptr<float>() + r * vocab, vocab, ids[r], top[r]);
+        } catch (const std::runtime_error& e) {
+          if (!failed[ci])
+            failures.push_back({chunks[ci].seq_id, "seq " + std::to_string(chunks[ci].seq_id) + ": " + e.what(), false});
+          failed[ci] = true;
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < n_score;) {
+    const size_t ci = score_chunk[r];
+    const auto k = static_cast<int64_t>(chunks[ci].score_ids.size());
+    if (!failed[ci]) {
+      core::PromptScores& p = scores.emplace_back();
+      p.seq_id = chunks[ci].seq_id;
+      p.start = chunks[ci].start_pos + 1;
+      p.tokens.assign(std::make_move_iterator(scored.begin() + r), std::make_move_iterator(scored.begin() + r + k));
+    }
+    r += k;
+  }
+
   std::vector<SamplingParams> params;
   std::vector<int64_t> positions;
   std::vector<uint64_t> ids;
   std::vector<History> history;
-  for (const core::SeqChunk& c : chunks) {
+  std::vector<int64_t> keep;  // sample rows of sequences whose scoring did not fail
+  for (size_t ci = 0, r = 0; ci < chunks.size(); ++ci) {
+    const core::SeqChunk& c = chunks[ci];
     if (!c.sample) continue;
+    const auto row = static_cast<int64_t>(r++);
+    if (failed[ci]) continue;
+    keep.push_back(row);
     params.push_back(c.sampling);
     positions.push_back(c.start_pos + static_cast<int64_t>(c.token_ids.size()));
     ids.push_back(c.seq_id);
     history.emplace_back(c.history, static_cast<size_t>(c.history_prompt));
   }
   if (ids.empty()) return outputs;
+  at::Tensor logits = model_.lm_head(hidden.narrow(0, 0, n_sample));
+  if (static_cast<int64_t>(keep.size()) != n_sample) logits = logits.index_select(0, torch::tensor(keep).to(logits.device()));
   // Copying the logits to the CPU waits for the device, so the time of the
   // step covers the whole forward pass.
   std::vector<core::SampledToken> tokens;
@@ -182,9 +254,10 @@ core::StepResult StepExecutor::execute(const core::StepPlan& plan) {
   core::PreparedStep step = table_.prepare(plan);
   std::vector<core::SeqFailure> row_failures;
   try {
-    result.outputs = run(step.chunks, row_failures);
+    result.outputs = run(step.chunks, row_failures, result.prompt_scores);
   } catch (const std::exception& e) {
     table_.abort(step);
+    result.prompt_scores.clear();
     result.error = e.what();
     result.forward_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -18,6 +18,9 @@
 // worker forgets the step's sequences. execute() never throws for either.
 //
 // Not thread-safe (one per worker thread).
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "core/sequence_table.hpp"
@@ -36,13 +39,24 @@ class StepExecutor {
   core::StepResult execute(const core::StepPlan& plan);
 
   // Runs resolved chunks (no per-sequence state): one forward pass, then
-  // sampling. Returns one output per sampling chunk whose row sampled, in
-  // order; rows that could not be sampled go to `failures`. Throws
+  // prompt scores (a chunk's score_ids, appended to `scores`, the LM head on
+  // at most 128 rows at a time), then sampling. Returns one output per
+  // sampling chunk whose row sampled, in order; rows that could not be
+  // scored or sampled fail their sequence (`failures`). Throws
   // std::invalid_argument naming the seq_id, before the cache is touched,
   // when a chunk is impossible (see validate), and whatever the forward pass
   // throws.
   std::vector<core::SeqOutput> run(const std::vector<core::SeqChunk>& chunks,
-                                   std::vector<core::SeqFailure>& failures);
+                                   std::vector<core::SeqFailure>& failures,
+                                   std::vector<core::PromptScores>& scores);
+  // The same for chunks that score no prompt token (std::logic_error if one does).
+  std::vector<core::SeqOutput> run(const std::vector<core::SeqChunk>& chunks,
+                                   std::vector<core::SeqFailure>& failures) {
+    std::vector<core::PromptScores> scores;
+    auto out = run(chunks, failures, scores);
+    if (!scores.empty()) throw std::logic_error("StepExecutor::run: a chunk scored prompt tokens; take its scores");
+    return out;
+  }
 
   // Checks every chunk: tokens present and inside the vocabulary, start_pos
   // >= 0, start_pos + tokens <= n_positions, the block table covering every
@@ -55,12 +69,16 @@ class StepExecutor {
   FlatBatch flatten(const std::vector<core::SeqChunk>& chunks) const;
 
   const core::SequenceTable& sequences() const { return table_; }
+  // Prompt rows whose logits exist at once (default 128: [128, 50257] fp32
+  // is 25 MiB, under the heap's 32 MiB mmap threshold); >= 1. Tests lower it.
+  void set_score_rows_per_call(int64_t rows) { score_rows_per_call_ = std::max<int64_t>(1, rows); }
 
  private:
   const Gpt2& model_;
   PagedKvCache& cache_;
   PagedAttention attention_;
   core::SequenceTable table_;
+  int64_t score_rows_per_call_ = 128;
 };
 
 }  // namespace troupe::model

@@ -82,6 +82,9 @@ struct Submit {
   float frequency_penalty = 0.0f;                     // [-2, 2], 0 = off
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), any order
   float repetition_penalty = 1.0f;                    // (0, 10], 1 = off
+  // -1 = none; K in [0, 20]: the logprob and rank of every prompt token after
+  // the first, with the top K alternatives (max_tokens may then be 0).
+  int32_t prompt_logprobs = -1;
 };
 
 // router -> client: the job is queued under request_id.
@@ -106,6 +109,12 @@ struct Tokens {
   std::string text;                          // text that became safe to show (may be empty)
   std::vector<int32_t> ids;                  // tokens generated since the last Tokens
   std::vector<core::SampledToken> logprobs;  // empty, or one per id (its `id` equals ids[i])
+  // A job with prompt_logprobs: once, before any generated id, the prompt's
+  // tokens and one score per prompt_ids[1..] (its `id` equals the prompt's
+  // token, `rank` given). Both empty otherwise.
+  std::vector<int32_t> prompt_ids;
+  std::vector<core::SampledToken> prompt_logprobs;
+  std::string prompt_text;  // with prompt_ids: the prompt decoded (what an echo shows)
 };
 
 // Milliseconds of one job, measured at the router; -1 = never reached.

@@ -36,6 +36,18 @@ std::vector<std::pair<int32_t, float>> get_bias(R& r) {
   return get_id_pairs(r, "[id, bias]", "bias", get_float);
 }
 
+// A scored prompt token: [id, logprob, rank, top].
+core::SampledToken get_scored(R& e) {
+  const uint32_t n = get_tuple(e, 4, "[id, logprob, rank, top]");
+  core::SampledToken t;
+  t.id = in("id", [&] { return get_int<int32_t>(e); });
+  t.logprob = in("logprob", [&] { return get_logprob(e); });
+  t.rank = in("rank", [&] { return get_int<int32_t>(e); });
+  t.top = in("top", [&] { return get_top(e); });
+  skip_rest(e, n, 4);
+  return t;
+}
+
 core::SamplingParams get_sampling(R& r) {
   const uint32_t n = get_tuple(r, 5, "[temperature, top_k, top_p, seed, logprobs]");
   core::SamplingParams s;
@@ -52,7 +64,8 @@ core::SamplingParams get_sampling(R& r) {
   s.frequency_penalty = in("frequency_penalty", [&] { return get_float(r); });
   s.logit_bias = in("logit_bias", [&] { return get_bias(r); });
   if (n >= 9) s.repetition_penalty = in("repetition_penalty", [&] { return get_float(r); });
-  skip_rest(r, n, n >= 9 ? 9 : 8);
+  if (n >= 10) s.prompt_logprobs = in("prompt_logprobs", [&] { return get_int<int32_t>(r); });
+  skip_rest(r, n, std::min<uint32_t>(n, 10));
   return s;
 }
 
@@ -125,7 +138,20 @@ core::StepResult get_result(R& r) {
   res.error = in("error", [&] { return get_str(r); });
   res.forward_ms = in("forward_ms", [&] { return get_double(r); });
   res.idle_ms = in("idle_ms", [&] { return get_double(r); });
-  skip_rest(r, n, 6);
+  if (n >= 7) {
+    res.prompt_scores = in("prompt_scores", [&] {
+      return get_list<core::PromptScores>(r, [](R& e) {
+        const uint32_t m = get_tuple(e, 3, "[seq_id, start, tokens]");
+        core::PromptScores p;
+        p.seq_id = in("seq_id", [&] { return get_u64(e); });
+        p.start = in("start", [&] { return get_int<int32_t>(e); });
+        p.tokens = in("tokens", [&] { return get_list<core::SampledToken>(e, get_scored); });
+        skip_rest(e, m, 3);
+        return p;
+      });
+    });
+  }
+  skip_rest(r, n, std::min<uint32_t>(n, 7));
   return res;
 }
 
@@ -191,6 +217,7 @@ Submit get_submit(const Fields& f, const SubmitLimits& limits) {
     return get_bias(r);
   });
   f.opt("repetition_penalty", m.repetition_penalty, get_float);
+  f.opt("prompt_logprobs", m.prompt_logprobs, get_int<int32_t>);
   return m;
 }
 
@@ -213,6 +240,25 @@ Tokens get_tokens(const Fields& f) {
     for (size_t i = 0; i < list.size(); ++i) list[i].id = m.ids[i];
     return list;
   });
+  f.opt("prompt_ids", m.prompt_ids, get_ints);
+  f.opt("prompt_logprobs", m.prompt_logprobs, [&](R& r) {
+    auto list = get_list<core::SampledToken>(r, [](R& e) {
+      const uint32_t n = get_tuple(e, 3, "[logprob, rank, top]");
+      core::SampledToken t;
+      t.logprob = in("logprob", [&] { return get_logprob(e); });
+      t.rank = in("rank", [&] { return get_int<int32_t>(e); });
+      t.top = in("top", [&] { return get_top(e); });
+      skip_rest(e, n, 3);
+      return t;
+    });
+    if (m.prompt_ids.empty() || list.size() != m.prompt_ids.size() - 1)
+      bad("has " + std::to_string(list.size()) + " entries for " + std::to_string(m.prompt_ids.size()) +
+          " prompt ids (one per prompt id after the first)");
+    for (size_t i = 0; i < list.size(); ++i) list[i].id = m.prompt_ids[i + 1];
+    return list;
+  });
+  if (!m.prompt_ids.empty() && !f.has("prompt_logprobs")) bad("prompt_ids without prompt_logprobs");
+  f.opt("prompt_text", m.prompt_text, get_str);
   return m;
 }
 

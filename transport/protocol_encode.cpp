@@ -69,9 +69,13 @@ class Writer {
 };
 
 // [temperature, top_k, top_p, seed, logprobs], and only when they adjust the
-// logits, presence_penalty, frequency_penalty, logit_bias ([[id, bias], ...]),
-// repetition_penalty.
+// logits or ask for prompt logprobs, presence_penalty, frequency_penalty,
+// logit_bias ([[id, bias], ...]), repetition_penalty, and then only with
+// prompt logprobs, prompt_logprobs.
 void write_sampling(Writer& w, const core::SamplingParams& s) {
+  if (s.prompt_logprobs >= 0)
+    return w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs, s.presence_penalty, s.frequency_penalty,
+                   s.logit_bias, s.repetition_penalty, s.prompt_logprobs);
   if (!s.adjusts_logits()) return w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs);
   w.tuple(s.temperature, s.top_k, s.top_p, s.seed, s.logprobs, s.presence_penalty, s.frequency_penalty,
           s.logit_bias, s.repetition_penalty);
@@ -98,10 +102,12 @@ void write_plan(Writer& w, const core::StepPlan& p) {
   for (const auto& sw : p.work) w.tuple(sw.seq_id, sw.start_pos, sw.num_tokens, sw.new_blocks, sw.sample);
 }
 
-// [step_id, outputs, failures, error, forward_ms, idle_ms]; output: [seq_id, id]
-// or, with logprobs, [seq_id, id, logprob, top]; failure: [seq_id, error, retryable].
+// [step_id, outputs, failures, error, forward_ms, idle_ms] and, when prompt
+// tokens were scored, prompt_scores; output: [seq_id, id] or, with logprobs,
+// [seq_id, id, logprob, top]; failure: [seq_id, error, retryable]; prompt
+// scores: [seq_id, start, [[id, logprob, rank, top], ...]].
 void write_result(Writer& w, const core::StepResult& r) {
-  w.array(6);
+  w.array(r.prompt_scores.empty() ? 6 : 7);
   w.value(r.step_id);
   w.array(r.outputs.size());
   for (const auto& o : r.outputs) {
@@ -115,6 +121,15 @@ void write_result(Writer& w, const core::StepResult& r) {
   w.value(r.error);
   w.value(r.forward_ms);
   w.value(r.idle_ms);
+  if (r.prompt_scores.empty()) return;
+  w.array(r.prompt_scores.size());
+  for (const auto& p : r.prompt_scores) {
+    w.array(3);
+    w.value(p.seq_id);
+    w.value(p.start);
+    w.array(p.tokens.size());
+    for (const auto& t : p.tokens) w.tuple(t.id, t.logprob, t.rank, t.top);
+  }
 }
 
 struct Encoder {
@@ -123,8 +138,9 @@ struct Encoder {
   void operator()(const Submit& m) {
     const bool presence = m.presence_penalty != 0.0f, frequency = m.frequency_penalty != 0.0f,
                bias = !m.logit_bias.empty(), repetition = m.repetition_penalty != 1.0f;
+    const bool prompt_logprobs = m.prompt_logprobs >= 0;
     w.begin("submit", 10 + (m.seed ? 1 : 0) + (presence ? 1 : 0) + (frequency ? 1 : 0) + (bias ? 1 : 0) +
-                          (repetition ? 1 : 0));
+                          (repetition ? 1 : 0) + (prompt_logprobs ? 1 : 0));
     w.kv("tag", m.tag);
     if (m.prompt_ids)
       w.kv("prompt_ids", *m.prompt_ids);
@@ -143,6 +159,7 @@ struct Encoder {
     if (frequency) w.kv("frequency_penalty", m.frequency_penalty);
     if (bias) w.kv("logit_bias", m.logit_bias);
     if (repetition) w.kv("repetition_penalty", m.repetition_penalty);
+    if (prompt_logprobs) w.kv("prompt_logprobs", m.prompt_logprobs);
   }
   void operator()(const Accepted& m) {
     w.begin("accepted", 2);
@@ -156,7 +173,8 @@ struct Encoder {
     w.kv("message", m.message);
   }
   void operator()(const Tokens& m) {
-    w.begin("tokens", m.logprobs.empty() ? 3 : 4);
+    const bool prompt = !m.prompt_ids.empty();
+    w.begin("tokens", (m.logprobs.empty() ? 3 : 4) + (prompt ? 3 : 0));
     w.kv("tag", m.tag);
     w.kv("text", m.text);
     w.kv("ids", m.ids);
@@ -164,6 +182,13 @@ struct Encoder {
       w.value("logprobs");  // [[logprob, top], ...], one per id
       w.array(m.logprobs.size());
       for (const auto& t : m.logprobs) w.tuple(t.logprob, t.top);
+    }
+    if (prompt) {
+      w.kv("prompt_ids", m.prompt_ids);
+      w.value("prompt_logprobs");  // [[logprob, rank, top], ...], one per prompt_ids[1..]
+      w.array(m.prompt_logprobs.size());
+      for (const auto& t : m.prompt_logprobs) w.tuple(t.logprob, t.rank, t.top);
+      w.kv("prompt_text", m.prompt_text);
     }
   }
   void operator()(const Finished& m) {

@@ -21,6 +21,11 @@ struct RouterCore::Live {
   uint64_t id = 0;
   bool logprobs = false;
   bool ignore_eos = false;
+  // prompt_logprobs: the prompt, and its scores as they come (positions 1..);
+  // sent in one Tokens once complete.
+  bool wants_prompt = false, prompt_sent = false;
+  std::vector<int32_t> prompt_ids;
+  std::vector<core::SampledToken> prompt_scores;
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;
   int32_t generated = 0;
@@ -67,8 +72,15 @@ std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tok
   }
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
   if (n == 0) return invalid("the prompt is empty");
-  if (job.max_tokens < 1) return invalid("max_tokens must be >= 1, got " + std::to_string(job.max_tokens));
-  if (n >= options_.max_model_len) {
+  const bool score_only = job.max_tokens == 0 && job.prompt_logprobs >= 0;
+  if (job.max_tokens < 1 && !score_only)
+    return invalid("max_tokens must be >= 1 (0 only with prompt_logprobs or echo), got " +
+                   std::to_string(job.max_tokens));
+  if (score_only && n > options_.max_model_len) {
+    return too_long("the prompt has " + std::to_string(n) + " tokens; the model takes " +
+                    std::to_string(options_.max_model_len));
+  }
+  if (!score_only && n >= options_.max_model_len) {
     return too_long("the prompt has " + std::to_string(n) + " tokens; the model takes " +
                     std::to_string(options_.max_model_len) + " in all, so at most " +
                     std::to_string(options_.max_model_len - 1) + " leave room for one new token");
@@ -84,6 +96,7 @@ std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tok
   sampling.top_k = job.top_k;
   sampling.top_p = job.top_p;
   sampling.logprobs = job.logprobs;
+  sampling.prompt_logprobs = job.prompt_logprobs;
   sampling.presence_penalty = job.presence_penalty;
   sampling.frequency_penalty = job.frequency_penalty;
   sampling.repetition_penalty = job.repetition_penalty;
@@ -141,6 +154,10 @@ void RouterCore::on_submit(const ClientId& client, const Job& job, int64_t now, 
   live->logprobs = job.logprobs >= 0;
   live->ignore_eos = job.ignore_eos;
   live->prompt_tokens = static_cast<int32_t>(r.prompt_ids.size());
+  if (job.prompt_logprobs >= 0) {
+    live->wants_prompt = true;
+    live->prompt_ids = r.prompt_ids;
+  }
   live->accepted_at = now;
   live->text = std::make_unique<OutputText>(tokenizer_, job.stop);
   by_tag_[{client, job.tag}] = r.id;
@@ -218,6 +235,17 @@ size_t RouterCore::abort_all(const std::string& why, int64_t now, RouterOutput& 
   return ids.size();
 }
 
+void RouterCore::send_prompt_if_complete(Live& r, RouterOutput& out) {
+  if (!r.wants_prompt || r.prompt_sent || r.prompt_scores.size() + 1 != r.prompt_ids.size()) return;
+  Tokens d;
+  d.tag = r.tag;
+  d.prompt_text = tokenizer_.decode(r.prompt_ids);
+  d.prompt_ids = std::move(r.prompt_ids);
+  d.prompt_logprobs = std::move(r.prompt_scores);
+  r.prompt_sent = true;
+  out.replies.push_back({r.client, std::move(d)});
+}
+
 void RouterCore::on_events(const std::vector<core::RequestEvent>& events, int64_t now, RouterOutput& out) {
   for (const core::RequestEvent& ev : events) {
     auto it = by_id_.find(ev.request_id);
@@ -232,7 +260,19 @@ void RouterCore::on_events(const std::vector<core::RequestEvent>& events, int64_
           --stats_.queued;
           ++stats_.running;
         }
+        send_prompt_if_complete(r, out);  // a one-token prompt has no score to wait for
         break;
+      case core::EventKind::kPromptLogprobs: {
+        // Positions in order, each once (the scheduler's promise); an overlap
+        // (a request moved and scored again) is skipped all the same.
+        const auto have = static_cast<int32_t>(r.prompt_scores.size());
+        const int32_t skip = have + 1 - ev.prompt_start;
+        if (!r.wants_prompt || r.prompt_sent || skip < 0) break;
+        for (size_t i = static_cast<size_t>(skip); i < ev.prompt_logprobs.size(); ++i)
+          r.prompt_scores.push_back(ev.prompt_logprobs[i]);
+        send_prompt_if_complete(r, out);
+        break;
+      }
       case core::EventKind::kToken: {
         if (!r.scheduled) {  // a token implies scheduling (events may be coalesced)
           r.scheduled = true;

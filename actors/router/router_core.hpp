@@ -143,6 +143,8 @@ class RouterCore {
  private:
   struct Live;
   void finish(Live& r, const Finished& f, int64_t now, RouterOutput& out);
+  // A job with prompt_logprobs: its prompt and scores in one Tokens, once all have come.
+  void send_prompt_if_complete(Live& r, RouterOutput& out);
   void erase(uint64_t id);
 
   const model::Tokenizer& tokenizer_;

@@ -1,5 +1,6 @@
 #include "cluster/http/openai_api.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -138,7 +139,6 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& v) {
 
 // Fields troupe does not implement: refused unless they ask for the default.
 void refuse_unsupported(const json& b, int32_t n) {
-  if (const json* v = field(b, "echo"); v && boolean(*v, "echo")) bad("echo", "echo is not supported");
   if (field(b, "suffix")) bad("suffix", "suffix is not supported");
   if (const json* v = field(b, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n) {
     bad("best_of", "best_of is not supported (it must equal n)");
@@ -173,8 +173,14 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   refuse_unsupported(b, r.n);
 
   transport::Submit base;
-  if (const json* v = field(b, "max_tokens"))
-    base.max_tokens = static_cast<int32_t>(integer(*v, "max_tokens", 1, kI32Max));
+  if (const json* v = field(b, "echo")) r.echo = boolean(*v, "echo");
+  if (const json* v = field(b, "prompt_logprobs"); v && !v->is_null())  // vLLM's extension
+    r.prompt_logprobs = static_cast<int32_t>(integer(*v, "prompt_logprobs", 0, kI32Max));
+  if (const json* v = field(b, "max_tokens")) {
+    base.max_tokens = static_cast<int32_t>(integer(*v, "max_tokens", 0, kI32Max));
+    if (base.max_tokens == 0 && !r.echo && r.prompt_logprobs < 0)
+      bad("max_tokens", "max_tokens must be >= 1 (0 only with echo or prompt_logprobs: scoring the prompt)");
+  }
   if (const json* v = field(b, "temperature"))
     base.temperature = static_cast<float>(number(*v, "temperature"));
   if (const json* v = field(b, "top_p")) base.top_p = static_cast<float>(number(*v, "top_p"));
@@ -182,8 +188,13 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
     const int64_t k = integer(*v, "top_k", -1, kI32Max);
     base.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // vLLM: -1 = off
   }
-  if (const json* v = field(b, "logprobs"))
+  if (const json* v = field(b, "logprobs"); v && !v->is_null())
     base.logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, kI32Max));
+  r.logprobs = base.logprobs;
+  // The engine scores the prompt for echo's logprobs, for prompt_logprobs,
+  // and for an echo that generates nothing (the prompt is its whole answer).
+  base.prompt_logprobs = std::max(r.prompt_logprobs, r.echo && base.logprobs >= 0 ? base.logprobs : -1);
+  if (r.echo && base.max_tokens == 0) base.prompt_logprobs = std::max(base.prompt_logprobs, 0);
   if (const json* v = field(b, "ignore_eos")) base.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = field(b, "presence_penalty"))
     base.presence_penalty = static_cast<float>(number(*v, "presence_penalty"));
@@ -266,6 +277,7 @@ ApiError from_rejected(const transport::Rejected& r) {
       {"sampling: top_k", "top_k"},
       {"sampling: top_p", "top_p"},
       {"sampling: logprobs", "logprobs"},
+      {"sampling: prompt_logprobs", "prompt_logprobs"},
       {"sampling: presence_penalty", "presence_penalty"},
       {"sampling: frequency_penalty", "frequency_penalty"},
       {"sampling: logit_bias", "logit_bias"},
@@ -320,11 +332,20 @@ CompletionBuilder::CompletionBuilder(const CompletionRequest& request, std::stri
       model_(std::move(model)),
       created_(created_unix),
       include_usage_(request.include_usage),
-      want_logprobs_(!request.jobs.empty() && request.jobs[0].logprobs >= 0),
+      want_logprobs_(request.logprobs >= 0),
+      echo_(request.echo),
+      logprobs_(request.logprobs),
+      prompt_logprobs_(request.prompt_logprobs),
       n_(request.n),
       tokenizer_(tokenizer),
       choices_(request.jobs.size()),
-      remaining_(request.jobs.size()) {}
+      remaining_(request.jobs.size()) {
+  if (!echo_) return;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const transport::Submit& j = request.jobs[i];
+    choices_[i].echo = j.prompt ? *j.prompt : j.prompt_ids ? tokenizer.decode(*j.prompt_ids) : std::string();
+  }
+}
 
 json CompletionBuilder::chunk(size_t index, const std::string& text, json logprobs,
                               json finish_reason) const {
@@ -359,6 +380,11 @@ json CompletionBuilder::logprobs_of(Choice& c, const transport::Tokens& t) {
     part["text_offset"].push_back(c.text_offset);
     c.text_offset += characters(tok);
   }
+  append_logprobs(c, part);
+  return part;
+}
+
+void CompletionBuilder::append_logprobs(Choice& c, const json& part) {
   if (c.logprobs.empty())
     c.logprobs = json{{"tokens", json::array()},
                       {"token_logprobs", json::array()},
@@ -367,21 +393,91 @@ json CompletionBuilder::logprobs_of(Choice& c, const transport::Tokens& t) {
   for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
     for (const auto& x : part[k]) c.logprobs[k].push_back(x);
   }
+}
+
+// The prompt's tokens in the legacy shape (null logprob and top for the
+// first, which nothing predicts), counted from offset 0; and vLLM's
+// prompt_logprobs: null, then per token {"id": {"logprob", "rank",
+// "decoded_token"}} for the token itself and its top alternatives (ranks 1..K).
+json CompletionBuilder::prompt_part(Choice& c, const transport::Tokens& t) {
+  json part{{"tokens", json::array()},
+            {"token_logprobs", json::array()},
+            {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+  c.prompt_logprobs = json::array();
+  int64_t offset = 0;
+  for (size_t i = 0; i < t.prompt_ids.size(); ++i) {
+    const std::string tok = tokenizer_.decode({t.prompt_ids[i]});
+    part["tokens"].push_back(tok);
+    part["text_offset"].push_back(offset);
+    offset += characters(tok);
+    if (i == 0 || i > t.prompt_logprobs.size()) {
+      part["token_logprobs"].push_back(nullptr);
+      part["top_logprobs"].push_back(nullptr);
+      c.prompt_logprobs.push_back(nullptr);
+      continue;
+    }
+    const core::SampledToken& s = t.prompt_logprobs[i - 1];
+    json top = json::object(), ranked = json::object();
+    const size_t k_echo = static_cast<size_t>(std::max(logprobs_, 0));
+    const size_t k_prompt = static_cast<size_t>(std::max(prompt_logprobs_, 0));
+    for (size_t k = 0; k < s.top.size(); ++k) {
+      const std::string alt = tokenizer_.decode({s.top[k].first});
+      if (k < k_echo) top[alt] = s.top[k].second;
+      if (k < k_prompt)
+        ranked[std::to_string(s.top[k].first)] = {
+            {"logprob", s.top[k].second}, {"rank", k + 1}, {"decoded_token", alt}};
+    }
+    top[tok] = s.logprob;
+    ranked[std::to_string(s.id)] = {{"logprob", s.logprob}, {"rank", s.rank}, {"decoded_token", tok}};
+    part["token_logprobs"].push_back(s.logprob);
+    part["top_logprobs"].push_back(std::move(top));
+    c.prompt_logprobs.push_back(std::move(ranked));
+  }
   return part;
 }
 
 std::optional<json> CompletionBuilder::on_tokens(const transport::Tokens& t) {
   if (t.tag >= choices_.size() || choices_[t.tag].finished) return std::nullopt;
   Choice& c = choices_[t.tag];
-  c.text += t.text;
+  if (!t.prompt_ids.empty()) {  // the prompt's own part, before any generated token
+    json part = prompt_part(c, t);
+    std::string text;
+    json lp = nullptr;
+    if (echo_ && !c.echoed) {
+      c.echoed = true;
+      text = c.echo;
+      c.text += text;
+      c.text_offset = characters(c.echo);
+      if (want_logprobs_) {
+        append_logprobs(c, part);
+        lp = std::move(part);
+      }
+    }
+    json out = chunk(t.tag, text, std::move(lp), nullptr);
+    if (prompt_logprobs_ >= 0) out["choices"][0]["prompt_logprobs"] = c.prompt_logprobs;
+    return out;
+  }
+  std::string text = t.text;
+  if (echo_ && !c.echoed) {  // echo without logprobs: the prompt's text comes with the first chunk
+    c.echoed = true;
+    text = c.echo + text;
+    c.text_offset = characters(c.echo);
+  }
+  c.text += text;
   json lp = want_logprobs_ ? logprobs_of(c, t) : json(nullptr);
-  return chunk(t.tag, t.text, std::move(lp), nullptr);
+  return chunk(t.tag, text, std::move(lp), nullptr);
 }
 
 std::optional<json> CompletionBuilder::on_finished(const transport::Finished& f) {
   if (f.tag >= choices_.size() || choices_[f.tag].finished) return std::nullopt;
   Choice& c = choices_[f.tag];
-  c.text += f.text;
+  std::string text = f.text;
+  if (echo_ && !c.echoed) {
+    c.echoed = true;
+    text = c.echo + text;
+  }
+  c.text += text;
   c.finished = true;
   c.last = f;
   c.finish_reason = finish_reason_name(f.finish_reason);
@@ -389,7 +485,7 @@ std::optional<json> CompletionBuilder::on_finished(const transport::Finished& f)
   if (f.finish_reason == core::FinishReason::kError && !failure_) {
     failure_ = ApiError{500, "generation failed: " + f.error, "server_error", "", ""};
   }
-  return chunk(f.tag, f.text, nullptr, c.finish_reason);
+  return chunk(f.tag, text, nullptr, c.finish_reason);
 }
 
 json CompletionBuilder::usage() const {
@@ -412,10 +508,12 @@ json CompletionBuilder::response() const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
-    choices.push_back({{"index", i},
-                       {"text", c.text},
-                       {"logprobs", want_logprobs_ && !c.logprobs.empty() ? c.logprobs : json(nullptr)},
-                       {"finish_reason", c.finish_reason}});
+    json choice{{"index", i},
+                {"text", c.text},
+                {"logprobs", want_logprobs_ && !c.logprobs.empty() ? c.logprobs : json(nullptr)},
+                {"finish_reason", c.finish_reason}};
+    if (prompt_logprobs_ >= 0) choice["prompt_logprobs"] = c.prompt_logprobs.is_null() ? json(nullptr) : c.prompt_logprobs;
+    choices.push_back(std::move(choice));
   }
   return json{{"id", id_},       {"object", "text_completion"},   {"created", created_},
               {"model", model_}, {"choices", std::move(choices)}, {"usage", usage()}};

@@ -46,6 +46,12 @@ struct CompletionRequest {
   int32_t n = 1;                        // choices per prompt
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  // echo: each choice's text (and, with logprobs, its logprobs) starts with
+  // its prompt's, the first prompt token's logprob null (OpenAI's legacy
+  // shape). The jobs then ask for the prompt's logprobs (prompt_logprobs).
+  bool echo = false;
+  int32_t logprobs = -1;         // the request's `logprobs` (top alternatives per token); -1 = none
+  int32_t prompt_logprobs = -1;  // vLLM's prompt_logprobs: each choice's prompt_logprobs list; -1 = none
 };
 
 // Parses a /v1/completions body. `served_model`: a request naming another
@@ -82,6 +88,9 @@ class CompletionBuilder {
 
  private:
   struct Choice {
+    std::string echo;     // the prompt's text, shown before the completion (echo)
+    bool echoed = false;  // echo shown (with the first chunk)
+    nlohmann::json prompt_logprobs;  // vLLM's list: null, then {"id": {logprob, rank, decoded_token}} per token
     std::string text;
     bool finished = false;
     std::string finish_reason;
@@ -92,11 +101,17 @@ class CompletionBuilder {
   nlohmann::json chunk(size_t index, const std::string& text, nlohmann::json logprobs,
                        nlohmann::json finish_reason) const;
   nlohmann::json logprobs_of(Choice& c, const transport::Tokens& tokens);
+  // The prompt's part of a choice (the router's first Tokens of a job with
+  // prompt logprobs): echo's tokens and logprobs, vLLM's prompt_logprobs.
+  nlohmann::json prompt_part(Choice& c, const transport::Tokens& tokens);
+  // Appends a legacy logprobs part to the choice's own.
+  static void append_logprobs(Choice& c, const nlohmann::json& part);
   nlohmann::json usage() const;
 
   std::string id_, model_;
   int64_t created_;
-  bool include_usage_, want_logprobs_;
+  bool include_usage_, want_logprobs_, echo_;
+  int32_t logprobs_, prompt_logprobs_;
   int32_t n_;
   const model::Tokenizer& tokenizer_;
   std::vector<Choice> choices_;

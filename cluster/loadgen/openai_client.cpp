@@ -308,4 +308,41 @@ std::vector<std::string> list_models(const std::string& base_url, const std::str
   return ids;
 }
 
+json post_completion(const std::string& base_url, const std::string& api_key, const json& body,
+                     std::chrono::seconds timeout) {
+  curl_init_once();
+  const std::string url = server_origin(base_url) + "/v1/completions";
+  std::unique_ptr<CURL, void (*)(CURL*)> e(curl_easy_init(), curl_easy_cleanup);
+  if (!e) throw std::runtime_error("curl_easy_init failed");
+  curl_slist* h = curl_slist_append(nullptr, "Content-Type: application/json");
+  h = curl_slist_append(h, "Expect:");
+  if (!api_key.empty()) h = curl_slist_append(h, ("Authorization: Bearer " + api_key).c_str());
+  std::unique_ptr<curl_slist, void (*)(curl_slist*)> headers(h, curl_slist_free_all);
+  const std::string sent = body.dump();
+  std::string answer;
+  curl_easy_setopt(e.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(e.get(), CURLOPT_HTTPHEADER, headers.get());
+  curl_easy_setopt(e.get(), CURLOPT_POSTFIELDS, sent.c_str());
+  curl_easy_setopt(e.get(), CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(sent.size()));
+  curl_easy_setopt(e.get(), CURLOPT_WRITEFUNCTION, &append_body);
+  curl_easy_setopt(e.get(), CURLOPT_WRITEDATA, &answer);
+  curl_easy_setopt(e.get(), CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e.get(), CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(e.get(), CURLOPT_TIMEOUT, static_cast<long>(timeout.count()));
+  const CURLcode code = curl_easy_perform(e.get());
+  if (code != CURLE_OK) throw std::runtime_error("POST " + url + ": " + curl_easy_strerror(code));
+  long status = 0;
+  curl_easy_getinfo(e.get(), CURLINFO_RESPONSE_CODE, &status);
+  json j = json::parse(answer, nullptr, false);
+  if (status != 200) {
+    const std::string why = !j.is_discarded() && j.contains("error") && j["error"].is_object() &&
+                                    j["error"].contains("message") && j["error"]["message"].is_string()
+                                ? j["error"]["message"].get<std::string>()
+                                : answer.substr(0, 200);
+    throw std::runtime_error("POST " + url + ": HTTP " + std::to_string(status) + ": " + why);
+  }
+  if (j.is_discarded()) throw std::runtime_error("POST " + url + ": the answer is not JSON");
+  return j;
+}
+
 }  // namespace troupe::cluster

@@ -107,6 +107,11 @@ class OpenAiStreams {
 
 // The ids of GET /v1/models; std::runtime_error when the server does not answer.
 std::vector<std::string> list_models(const std::string& base_url, const std::string& api_key);
+// One non-streaming POST /v1/completions of `body`; its JSON answer. Throws
+// std::runtime_error naming the URL on a transport failure, a non-200 status
+// (with the server's error message) or a body that is not JSON.
+nlohmann::json post_completion(const std::string& base_url, const std::string& api_key, const nlohmann::json& body,
+                               std::chrono::seconds timeout);
 
 // "http://h:p/v1/" -> "http://h:p" (the origin the client speaks to).
 std::string server_origin(const std::string& base_url);

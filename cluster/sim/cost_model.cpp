@@ -24,7 +24,10 @@ void StepShape::add(int32_t start, int32_t n, bool sample) {
 
 StepShape StepShape::of(const core::StepPlan& plan) {
   StepShape s;
-  for (const auto& w : plan.work) s.add(w.start_pos, w.num_tokens, w.sample);
+  for (const auto& w : plan.work) {
+    s.add(w.start_pos, w.num_tokens, w.sample);
+    s.sample_rows += w.score_rows;  // prompt rows scored (prompt_logprobs): LM head rows as well
+  }
   return s;
 }
 

@@ -30,7 +30,7 @@ namespace troupe::cluster::sim {
 struct StepShape {
   int64_t tokens = 0;         // tokens run: prompt chunks + decodes
   int32_t items = 0;          // work items (sequences in the step)
-  int32_t sample_rows = 0;    // items that sample a token
+  int32_t sample_rows = 0;    // LM head rows: items that sample a token, prompt rows scored
   int64_t decode_pairs = 0;   // one-token items: sum of (start_pos + 1), the keys each query reads
   int64_t prefill_pairs = 0;  // multi-token items: sum of n * start_pos + n(n+1)/2 query-key pairs
 

@@ -279,6 +279,8 @@ class Simulation {
             result_.worker[i] = batcher_.worker_of(ev.request_id);
           }
           break;
+        case core::EventKind::kPromptLogprobs:  // the simulated workloads ask for none
+          break;
         case core::EventKind::kToken:
           t.token_ns.push_back(now_);
           ++tokens_in_interval_;
@@ -334,7 +336,7 @@ class Simulation {
     const int32_t vocab = w.spec->scheduler.vocab_size;
     for (const Item& i : w.items) {
       w.tokens_run += i.n;
-      if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}}});
+      if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}, 0}});
     }
     if (o_.worker_tables && !checker_) {
       w.refused += static_cast<int64_t>(w.prepared.failures.size());

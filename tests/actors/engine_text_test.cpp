@@ -40,7 +40,7 @@ struct TextRun {
     for (const auto& c : step.chunks) {
       if (!c.sample) continue;
       const auto k = static_cast<size_t>(c.start_pos + static_cast<int32_t>(c.token_ids.size()) - kPrompt);
-      r.outputs.push_back({c.seq_id, core::SampledToken{k < ids.size() ? ids[k] : 50256, 0.0f, {}}});
+      r.outputs.push_back({c.seq_id, core::SampledToken{k < ids.size() ? ids[k] : 50256, 0.0f, {}, 0}});
     }
     table.commit(step, r.outputs, {});
     return r;
@@ -132,7 +132,7 @@ TEST(EngineText, BadStopStringsAreRejected) {
   ASSERT_TRUE(err.has_value());
   EXPECT_NE(err->find("non-empty"), std::string::npos) << *err;
   Engine no_text(options(), nullptr, [](const core::StepPlan& p) {
-    return core::StepResult{p.step_id, {}, {}, {}};
+    return core::StepResult{p.step_id, {}, {}, {}, {}};
   });
   err = no_text.submit(request(2), {"x"});
   ASSERT_TRUE(err.has_value());

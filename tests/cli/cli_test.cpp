@@ -277,6 +277,48 @@ TEST(Cli, BatchRunsGoodLinesAndReportsBadOnesInOrder) {
   EXPECT_EQ(out[6]["ids"], out[0]["ids"]) << "greedy: the same prompt gives the same tokens";
 }
 
+TEST(Cli, BatchEchoesAndScoresPrompts) {
+  TempDir dir;
+  {
+    std::ofstream in(dir.file("jobs.jsonl"));
+    in << R"({"id": "score", "prompt": "Hello world, said the", "echo": true, "logprobs": 1, "max_tokens": 0})" << "\n"
+       << R"({"id": "vllm", "prompt_ids": [15496, 995, 11], "prompt_logprobs": 2, "max_tokens": 2, "temperature": 0, "ignore_eos": true})"
+       << "\n"
+       << R"({"id": "zero", "prompt": "x", "max_tokens": 0})" << "\n"
+       << R"({"id": "echo", "prompt": "Hi", "echo": true, "max_tokens": 1, "temperature": 0, "ignore_eos": true})" << "\n";
+  }
+  auto r = run_command(tcmd("batch " + model_flag() + " --input " + shell_quote(dir.file("jobs.jsonl")) +
+                            " --output " + shell_quote(dir.file("out.jsonl")) + " --num-blocks 64 --max-batched-tokens 4"));
+  ASSERT_EQ(r.status, 1) << "the max_tokens 0 line without echo fails\n" << r.output;
+  auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 4u);
+  const json& a = out[0];
+  EXPECT_EQ(a["text"], "Hello world, said the");
+  EXPECT_EQ(a["finish_reason"], "length");
+  EXPECT_EQ(a["ids"], json::array());
+  const size_t n = a["prompt_ids"].size();
+  ASSERT_GE(n, 5u);
+  ASSERT_EQ(a["logprobs"].size(), n) << a;
+  EXPECT_TRUE(a["logprobs"][0]["logprob"].is_null());
+  for (size_t i = 1; i < n; ++i) {
+    EXPECT_LT(a["logprobs"][i]["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(a["logprobs"][i]["id"], a["prompt_ids"][i]);
+    EXPECT_EQ(a["logprobs"][i]["top"].size(), 1u);
+  }
+  const json& v = out[1];
+  EXPECT_EQ(v["ids"].size(), 2u);
+  ASSERT_EQ(v["prompt_logprobs"].size(), 3u);
+  EXPECT_TRUE(v["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(v["prompt_logprobs"][1]["id"], 995);
+  EXPECT_EQ(v["prompt_logprobs"][2]["id"], 11);
+  EXPECT_GE(v["prompt_logprobs"][2]["rank"].get<int>(), 1);
+  EXPECT_EQ(v["prompt_logprobs"][2]["top"].size(), 2u);
+  EXPECT_FALSE(v.contains("prompt_ids")) << "no echo";
+  EXPECT_NE(out[2]["error"].get<std::string>().find("max_tokens"), std::string::npos) << out[2];
+  EXPECT_EQ(out[3]["text"].get<std::string>().rfind("Hi", 0), 0u) << out[3];
+  EXPECT_FALSE(out[3].contains("logprobs"));
+}
+
 // A number past a double's range makes the line unreadable JSON (nlohmann
 // throws out_of_range): its error still names the field and the number, and
 // the rest of the file runs.

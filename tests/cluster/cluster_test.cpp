@@ -581,6 +581,110 @@ TEST(Cluster, SimulateMatchesServeAndBenchWithAnEmulatedWorker) {
   EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
 }
 
+// Prompt logprobs computed by a worker in another process (plans and their
+// scores over the wire) equal `troupe batch`'s here; an emulated worker
+// answers them too (made-up values) and is charged for their LM-head rows.
+TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
+  TempDir dir;
+  const std::string jobs = dir.file("jobs.jsonl");
+  {
+    std::ofstream out(jobs);
+    for (int i = 0; i < 8; ++i) {
+      json j{{"id", i}, {"temperature", 0}, {"ignore_eos", true}};
+      std::string p;
+      for (int w = 0; w < 10 + 5 * i; ++w) p += " word" + std::to_string((w * 7 + i) % 23);
+      j["prompt"] = p;
+      if (i % 2 == 0) {
+        j["echo"] = true;
+        j["logprobs"] = 1;
+        j["max_tokens"] = 0;
+      } else {
+        j["prompt_logprobs"] = 2;
+        j["max_tokens"] = 3;
+      }
+      out << j.dump() << "\n";
+    }
+  }
+  const auto ref = reference(dir, jobs);
+  Head head(dir, "head", {"--workers", "0", "--max-batched-tokens", "32"});
+  auto node = start_worker(dir, head, "node-a");
+  ASSERT_TRUE(head.wait_workers(1)) << head.proc->log();
+  auto submit = start_submit(dir, head, jobs, dir.file("out.jsonl"));
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log() << head.proc->log();
+  const auto out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 8u);
+  for (const auto& o : out) {
+    const json& r = ref.at(o["id"].get<int>());
+    ASSERT_FALSE(o.contains("error")) << o.dump();
+    EXPECT_EQ(o["text"], r["text"]);
+    EXPECT_EQ(o["ids"], r["ids"]);
+    const char* key = o["id"].get<int>() % 2 == 0 ? "logprobs" : "prompt_logprobs";
+    ASSERT_EQ(o[key].size(), r[key].size()) << o.dump();
+    ASSERT_GE(o[key].size(), 15u);
+    for (size_t p = 1; p < r[key].size(); ++p) {
+      EXPECT_EQ(o[key][p]["id"], r[key][p]["id"]);
+      EXPECT_NEAR(o[key][p]["logprob"].get<double>(), r[key][p]["logprob"].get<double>(), 1e-4) << key << " " << p;
+    }
+  }
+  node->signal(SIGTERM);
+  EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
+
+  // An emulated node: the same jobs finish, with made-up prompt logprobs.
+  cluster::sim::CostProfile profile;
+  profile.device = "cpu";
+  profile.processor = "a test's made-up profile";
+  profile.kv_bytes_per_token = 4608;
+  profile.cost.knots = {1, 64};
+  profile.cost.knot_ns = {1e6, 2e6};
+  const std::string cost = dir.file("cost.json");
+  cluster::sim::write_cost_profile(cost, profile);
+  auto emu = start_worker(dir, head, "emu", {"--emulate", cost});
+  ASSERT_TRUE(head.wait_workers(1)) << head.proc->log() << emu->log();
+  auto again = start_submit(dir, head, jobs, dir.file("emu.jsonl"));
+  ASSERT_EQ(again->wait(seconds(300)), std::optional<int>(0)) << again->log() << emu->log();
+  for (const auto& o : read_jsonl(dir.file("emu.jsonl"))) {
+    ASSERT_FALSE(o.contains("error")) << o.dump();
+    const char* key = o["id"].get<int>() % 2 == 0 ? "logprobs" : "prompt_logprobs";
+    EXPECT_EQ(o[key].size(), ref.at(o["id"].get<int>())[key].size()) << o.dump();
+  }
+  emu->signal(SIGTERM);
+  EXPECT_EQ(emu->wait(seconds(60)), std::optional<int>(0)) << emu->log();
+}
+
+TEST(EmulatedWorker, PromptScoresAreAnsweredAndTheirRowsCharged) {
+  cluster::EmulatedWorkerConfig config;
+  config.cost.knots = {1, 64};
+  config.cost.knot_ns = {1e5, 1e5};
+  config.cost.sample_ns = 2e6;  // 2 ms per LM-head row: what the scored rows cost
+  config.table.num_blocks = 16;
+  config.table.block_size = 4;
+  config.table.max_positions = 64;
+  config.table.vocab_size = 100;
+  auto run = [&](int32_t prompt_logprobs) {
+    auto runner = cluster::make_emulated_runner(config);
+    core::StepPlan plan;
+    plan.step_id = 1;
+    core::NewSequence ns;
+    ns.seq_id = 5;
+    ns.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    ns.block_table = {0, 1, 2};
+    ns.sampling.prompt_logprobs = prompt_logprobs;
+    plan.new_seqs.push_back(ns);
+    plan.work.push_back({5, 0, 10, {}, true, 0});
+    return runner(plan);
+  };
+  const core::StepResult scored = run(3), plain = run(-1);
+  ASSERT_EQ(scored.prompt_scores.size(), 1u);
+  EXPECT_EQ(scored.prompt_scores[0].start, 1);
+  ASSERT_EQ(scored.prompt_scores[0].tokens.size(), 9u);
+  EXPECT_EQ(scored.prompt_scores[0].tokens[0].id, 2);
+  EXPECT_EQ(scored.prompt_scores[0].tokens[0].top.size(), 3u);
+  EXPECT_TRUE(plain.prompt_scores.empty());
+  ASSERT_EQ(scored.outputs.size(), 1u);
+  EXPECT_GE(scored.forward_ms, 2.0 * 10) << "one sampled row and nine scored ones at 2 ms";
+  EXPECT_LT(plain.forward_ms, 2.0 * 10);
+}
+
 TEST(EmulatedWorker, TokensAreDeterministicAndNeverEos) {
   for (uint64_t seq = 1; seq < 50; ++seq) {
     for (int32_t pos = 0; pos < 200; ++pos) {

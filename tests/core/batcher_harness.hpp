@@ -52,10 +52,17 @@ struct Cluster {
       StepResult r;
       r.step_id = d.plan.step_id;
       for (const auto& c : p.chunks) {
+        if (!c.score_ids.empty()) {  // prompt logprobs: made up, -0.01 per position
+          PromptScores& ps = r.prompt_scores.emplace_back();
+          ps.seq_id = c.seq_id;
+          ps.start = c.start_pos + 1;
+          for (size_t i = 0; i < c.score_ids.size(); ++i)
+            ps.tokens.push_back({c.score_ids[i], -0.01f * static_cast<float>(ps.start + static_cast<int32_t>(i)), {}, 1});
+        }
         if (c.sample)
           r.outputs.push_back(
               {c.seq_id,
-               {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}}});
+               {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}, 0}});
       }
       t.commit(p, r.outputs, {});
       pending[d.worker].push_back(r);
@@ -72,6 +79,12 @@ struct Cluster {
   void drain() {
     for (auto& ev : b.take_events()) {
       if (ev.kind == EventKind::kToken) tokens[ev.request_id].push_back(ev.token_id);
+      if (ev.kind == EventKind::kPromptLogprobs) {
+        auto& got = prompt_scored[ev.request_id];
+        EXPECT_EQ(ev.prompt_start, static_cast<int32_t>(got.size()) + 1) << "a gap or a repeat";
+        EXPECT_TRUE(tokens[ev.request_id].empty()) << "prompt scores after a generated token";
+        for (const auto& t : ev.prompt_logprobs) got.push_back(t.id);
+      }
       if (ev.finished()) finals[ev.request_id].push_back(ev);
     }
   }
@@ -93,6 +106,7 @@ struct Cluster {
   std::map<uint64_t, std::deque<StepResult>> pending;
   std::map<uint64_t, int> plans;
   std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, std::vector<int32_t>> prompt_scored;  // the prompt token of each position 1.. scored
   std::map<uint64_t, std::vector<RequestEvent>> finals;
 };
 

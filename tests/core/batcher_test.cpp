@@ -156,6 +156,31 @@ TEST(Batcher, ALostWorkersRequestsContinueElsewhereWithNothingRepeatedOrLost) {
   }
 }
 
+TEST(Batcher, AScoringRequestMovedMidPromptIsScoredOnceAndCompletely) {
+  BatcherOptions o;
+  o.placement = PlacementPolicy::kRoundRobin;
+  Cluster c(o);
+  SchedulerOptions w = worker_options();
+  w.max_num_batched_tokens = 8;  // a 60-token prompt takes 8 steps
+  c.add(1, w);
+  c.add(2, w);
+  const auto prompt = range_tokens(60, 300);
+  Request r = make_request(1, prompt, 4);
+  r.sampling.prompt_logprobs = 1;
+  ASSERT_FALSE(c.b.submit(r, c.now));
+  const uint64_t first = c.b.worker_of(1);
+  for (int i = 0; i < 3; ++i) c.round();
+  ASSERT_FALSE(c.prompt_scored[1].empty()) << "some positions came before the move";
+  ASSERT_LT(c.prompt_scored[1].size(), 59u) << "the move must come mid-prompt";
+  c.lose(first);
+  EXPECT_NE(c.b.worker_of(1), first);
+  c.run();
+  EXPECT_EQ(c.prompt_scored[1], std::vector<int32_t>(prompt.begin() + 1, prompt.end()))
+      << "every position once, in order, across the move";
+  ASSERT_EQ(c.finals[1].size(), 1u);
+  EXPECT_EQ(c.tokens[1], c.expected(1, 60, 4));
+}
+
 TEST(Batcher, RequestsWaitForAWorkerAndFailAtTheirDeadline) {
   BatcherOptions o;
   o.unplaced_timeout_ns = 5000;

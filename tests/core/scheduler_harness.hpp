@@ -99,6 +99,7 @@ class Harness {
   std::map<uint64_t, std::vector<int32_t>> tokens;       // id -> prompt + outputs received
   std::map<uint64_t, std::vector<RequestEvent>> events;  // id -> its events
   std::map<uint64_t, int32_t> finals;                    // id -> final events seen
+  std::map<uint64_t, size_t> tokens_at_submit;           // id -> prompt + outputs it came with
   std::vector<uint64_t> kv;                              // slot -> prefix hash (0 = never written)
   int64_t steps_with_preemption = 0;
   PreparedStep last;               // what the worker ran for the newest plan
@@ -109,6 +110,12 @@ class Harness {
   bool fail_next_step = false;
   std::set<uint64_t> fail_seqs_next;
   bool fail_retryable = true;
+  bool drop_prompt_scores_next = false;  // the worker leaves out the prompt scores it owes
+  // Prompt logprobs received, by request: (position, token id) in arrival
+  // order, checked on arrival to continue without a gap or a repeat.
+  std::map<uint64_t, std::vector<std::pair<int32_t, int32_t>>> prompt_scores;
+  // The made-up logprob the fake worker gives prompt position `pos`.
+  static float prompt_logprob(int32_t pos) { return -0.01f * static_cast<float>(pos); }
 
   std::optional<std::string> submit(Request r) {
     const uint64_t id = r.id;
@@ -116,8 +123,10 @@ class Harness {
     history.insert(history.end(), r.output_ids.begin(), r.output_ids.end());
     auto err = sched.submit(std::move(r));
     if (!err) {
+      tokens_at_submit[id] = history.size();
       tokens[id] = history;  // a reused id starts a new history
       events[id].clear();
+      prompt_scores[id].clear();
       finals[id] = 0;
     }
     sched.check_invariants();
@@ -208,6 +217,13 @@ class Harness {
         EXPECT_FALSE(sched.allocator().is_cached(b)) << "seq " << c.seq_id << " writes cached block " << b;
       }
       execute(c);
+      if (!c.score_ids.empty() && !drop_prompt_scores_next) {
+        PromptScores& p = r.prompt_scores.emplace_back();
+        p.seq_id = c.seq_id;
+        p.start = c.start_pos + 1;
+        for (size_t i = 0; i < c.score_ids.size(); ++i)
+          p.tokens.push_back({c.score_ids[i], prompt_logprob(p.start + static_cast<int32_t>(i)), {}, 1});
+      }
       if (fail_seqs_next.count(c.seq_id)) {
         failed.push_back(c.seq_id);
         r.failures.push_back(
@@ -221,6 +237,15 @@ class Harness {
       r.outputs.push_back(out);
     }
     fail_seqs_next.clear();
+    drop_prompt_scores_next = false;
+    if (!failed.empty()) {  // a failed item brings no scores either
+      auto& ps = r.prompt_scores;
+      ps.erase(std::remove_if(ps.begin(), ps.end(),
+                              [&](const PromptScores& p) {
+                                return std::find(failed.begin(), failed.end(), p.seq_id) != failed.end();
+                              }),
+               ps.end());
+    }
     worker.commit(last, r.outputs, failed);
     return r;
   }
@@ -252,6 +277,16 @@ class Harness {
         ++finals[ev.request_id];
       } else if (ev.kind == EventKind::kToken) {
         t.push_back(ev.token_id);
+      } else if (ev.kind == EventKind::kPromptLogprobs) {
+        auto& got = prompt_scores[ev.request_id];
+        EXPECT_EQ(ev.prompt_start, static_cast<int32_t>(got.size()) + 1)
+            << "request " << ev.request_id << ": prompt scores with a gap or a repeat";
+        EXPECT_EQ(t.size(), tokens_at_submit[ev.request_id]) << "prompt scores after a generated token";
+        for (size_t i = 0; i < ev.prompt_logprobs.size(); ++i) {
+          const int32_t pos = ev.prompt_start + static_cast<int32_t>(i);
+          EXPECT_EQ(ev.prompt_logprobs[i].logprob, prompt_logprob(pos));
+          got.emplace_back(pos, ev.prompt_logprobs[i].id);
+        }
       }
       events[ev.request_id].push_back(std::move(ev));
     }

@@ -36,7 +36,7 @@ void run(SequenceTable& t, const StepPlan& plan) {
   ASSERT_TRUE(s.failures.empty()) << s.failures[0].error;
   std::vector<SeqOutput> out;
   for (const SeqChunk& c : s.chunks)
-    if (c.sample) out.push_back({c.seq_id, SampledToken{7, 0.0f, {}}});
+    if (c.sample) out.push_back({c.seq_id, SampledToken{7, 0.0f, {}, 0}});
   t.commit(s, out, {});
 }
 
@@ -86,11 +86,11 @@ TEST(SequenceTable, AGrownTableIsCheckedWhole) {
   PreparedStep s = grow(t, 1, 3, {});
   ASSERT_TRUE(s.failures.empty());
   EXPECT_EQ(s.chunks[0].block_table, (std::vector<int32_t>{0, 1}));
-  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}}, {});
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}, 0}}}, {});
   s = grow(t, 1, 4, {5});
   ASSERT_TRUE(s.failures.empty()) << s.failures[0].error;
   EXPECT_EQ(s.chunks[0].block_table, (std::vector<int32_t>{0, 1, 5}));
-  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}}, {});
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}, 0}}}, {});
   run(t, StepPlan{});
   s = grow(t, 1, 5, {6, 5});
   ASSERT_EQ(s.failures.size(), 1u);
@@ -179,7 +179,7 @@ TEST(SequenceTable, ASequenceNamedTwiceInAStepRunsOnce) {
   EXPECT_NE(s.failures[2].error.find("seq 9 appears twice"), std::string::npos) << s.failures[2].error;
   EXPECT_TRUE(t.contains(1));
   // The next step may name it again.
-  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}}, {});
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}, 0}}}, {});
   s = grow(t, 1, 4, {});
   EXPECT_TRUE(s.failures.empty()) << s.failures[0].error;
 }
@@ -218,7 +218,7 @@ TEST(SequenceTable, PreparingIntoAKeptStepReplacesItsContents) {
   const PreparedStep fresh1 = b.prepare(p1);
   ASSERT_EQ(kept.chunks.size(), 2u);
   ASSERT_EQ(kept.failures.size(), 1u);
-  std::vector<SeqOutput> out = {{1, SampledToken{7, 0.0f, {}}}, {2, SampledToken{7, 0.0f, {}}}};
+  std::vector<SeqOutput> out = {{1, SampledToken{7, 0.0f, {}, 0}}, {2, SampledToken{7, 0.0f, {}, 0}}};
   a.commit(kept, out, {});
   b.commit(fresh1, out, {});
   StepPlan p2;
@@ -256,7 +256,7 @@ TEST(SequenceTable, PenalisingSequencesCarryTheirGeneratedTokens) {
   EXPECT_EQ(s.chunks[0].history, (std::vector<int32_t>{13, 14}));
   EXPECT_EQ(s.chunks[0].history_prompt, 0);
   EXPECT_TRUE(s.chunks[1].history.empty());
-  t.commit(s, {{1, SampledToken{7, 0.0f, {}}}, {2, SampledToken{7, 0.0f, {}}}}, {});
+  t.commit(s, {{1, SampledToken{7, 0.0f, {}, 0}}, {2, SampledToken{7, 0.0f, {}, 0}}}, {});
   s = grow(t, 1, 5, {});
   ASSERT_EQ(s.chunks.size(), 1u);
   EXPECT_EQ(s.chunks[0].history, (std::vector<int32_t>{13, 14, 7}));

@@ -13,12 +13,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include <torch/torch.h>
+
+#include "model/gpt2.hpp"
+#include "model/model_dir.hpp"
+#include "model/text/tokenizer.hpp"
 #include "serve_process.hpp"
 
 using nlohmann::json;
 using troupe::test::run_command;
 using troupe::test::ServeProcess;
 using troupe::test::shell_quote;
+using troupe::test::tiny_http_model_dir;
+namespace model = troupe::model;
 
 namespace {
 
@@ -338,8 +345,104 @@ TEST(HttpFront, TheOfficialOpenAiNpmClientWorks) {
   EXPECT_EQ(j["stream_chunks"], 7);
   EXPECT_EQ(j["stream_finish"], "length");
   EXPECT_EQ(j["stream_usage"]["completion_tokens"], 6);
-  EXPECT_EQ(j["error"]["status"], 400) << "max_tokens 0 is refused";
+  EXPECT_EQ(j["error"]["status"], 400) << "max_tokens 0 is refused without echo";
   EXPECT_NE(j["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos) << j.dump();
+
+  // lm-evaluation-harness's loglikelihood request: the prompt echoed in
+  // OpenAI's legacy shape, every logprob equal to a full forward's.
+  const model::Tokenizer tok = model::Tokenizer::from_dir(tiny_http_model_dir());
+  const std::vector<int32_t> ids = tok.encode("Hello world, said the");
+  EXPECT_EQ(j["scored_text"], "Hello world, said the");
+  EXPECT_EQ(j["scored_finish"], "length");
+  EXPECT_EQ(j["scored_usage"]["completion_tokens"], 0);
+  EXPECT_EQ(j["scored_usage"]["prompt_tokens"], static_cast<int>(ids.size()));
+  const json& lp = j["scored_logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size()) << j.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(lp["text_offset"][1], 5) << "\"Hello\" before \" world\"";
+  auto md = model::load_model_dir(tiny_http_model_dir());
+  model::Gpt2 gpt(md.config, std::move(md.weights), torch::kCPU);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor lsm = torch::log_softmax(gpt.forward_full(ids).to(torch::kDouble), 1);
+  for (size_t p = 1; p < ids.size(); ++p) {
+    EXPECT_NEAR(lp["token_logprobs"][p].get<double>(), lsm[static_cast<int64_t>(p) - 1][ids[p]].item<double>(), 1e-4)
+        << "position " << p;
+    EXPECT_EQ(lp["tokens"][p], tok.decode({ids[p]}));
+    EXPECT_LE(lp["top_logprobs"][p].size(), 2u) << "the token and its top 1";
+  }
+  ASSERT_EQ(j["batch"].size(), 2u);
+  EXPECT_EQ(j["batch"][0]["text"], "Hello world");
+  EXPECT_EQ(j["batch"][1]["logprobs"]["token_logprobs"].size(), 3u);
+  EXPECT_TRUE(j["batch"][1]["logprobs"]["token_logprobs"][0].is_null());
+  const json& pl = j["vllm_prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 2u) << "\"Hello world\": two tokens" << j.dump();
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_TRUE(pl[1].contains("995")) << pl.dump();
+  EXPECT_GE(pl[1]["995"]["rank"].get<int>(), 1);
+  EXPECT_EQ(pl[1]["995"]["decoded_token"], " world");
+  EXPECT_EQ(j["echo_stream_text"].get<std::string>().rfind("Hello world", 0), 0u) << j.dump();
+  EXPECT_GT(j["echo_stream_text"].get<std::string>().size(), std::string("Hello world").size());
+}
+
+// troupe perplexity scored by a running head (ZeroMQ) and by its HTTP front
+// (what lm-evaluation-harness sends) equals the one computed here.
+TEST(HttpFront, PerplexityThroughTheHeadAndTheHttpFrontEqualsTheLocalOne) {
+  ServeProcess serve({"--api-key", "k", "--max-batched-tokens", "24"});
+  troupe::test::TempDir dir;
+  const std::string text = dir.file("text.txt");
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 12; ++i) out << "Line " << i << ": the quick brown fox jumps over the lazy dog.\n";
+  }
+  const std::string base = shell_quote(troupe::test::troupe_bin()) + " perplexity --model " +
+                           shell_quote(tiny_http_model_dir()) + " --file " + shell_quote(text) +
+                           " --context 48 --stride 20 --json";
+  auto parse = [](const troupe::test::CommandResult& r) {
+    EXPECT_EQ(r.status, 0) << r.output;
+    return json::parse(r.output.substr(r.output.rfind('{')));
+  };
+  const json local = parse(run_command(base, /*merge_stderr=*/false));
+  const json head = parse(run_command(base + " --to " + serve.zmq() + " --max-in-flight 3", false));
+  const json http = parse(run_command(base + " --base-url " + serve.url() + " --api-key k", false));
+  ASSERT_GT(local["windows"].get<int>(), 3);
+  for (const json* j : {&head, &http}) {
+    EXPECT_EQ((*j)["tokens_scored"], local["tokens_scored"]) << j->dump();
+    EXPECT_EQ((*j)["windows"], local["windows"]);
+    EXPECT_NEAR((*j)["ppl"].get<double>(), local["ppl"].get<double>(), 1e-4 * local["ppl"].get<double>())
+        << j->dump() << "\n" << serve.log();
+  }
+  EXPECT_EQ(head["scored_by"], serve.zmq());
+  EXPECT_EQ(http["scored_by"], serve.url());
+  // A wrong key is the server's 401, named.
+  auto bad = run_command(base + " --base-url " + serve.url() + " --api-key wrong");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("HTTP 401"), std::string::npos) << bad.output;
+
+  // submit --input speaks the same JSONL fields as batch.
+  {
+    std::ofstream in(dir.file("jobs.jsonl"));
+    in << R"({"id": 1, "prompt": "Hello world", "echo": true, "logprobs": 0, "max_tokens": 0})" << "\n"
+       << R"({"id": 2, "prompt": "Hello world", "prompt_logprobs": 1, "max_tokens": 1})" << "\n";
+  }
+  auto r = run_command(shell_quote(troupe::test::troupe_bin()) + " submit --to " + serve.zmq() + " --input " +
+                       shell_quote(dir.file("jobs.jsonl")) + " --output " + shell_quote(dir.file("out.jsonl")) +
+                       " --quiet");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream res(dir.file("out.jsonl"));
+  std::string l1, l2;
+  std::getline(res, l1);
+  std::getline(res, l2);
+  const json a = json::parse(l1), b = json::parse(l2);
+  EXPECT_EQ(a["text"], "Hello world");
+  EXPECT_EQ(a["prompt_ids"], json::array({15496, 995}));
+  ASSERT_EQ(a["logprobs"].size(), 2u) << a;
+  EXPECT_TRUE(a["logprobs"][0]["logprob"].is_null());
+  EXPECT_LT(a["logprobs"][1]["logprob"].get<double>(), 0.0);
+  ASSERT_EQ(b["prompt_logprobs"].size(), 2u) << b;
+  EXPECT_NEAR(b["prompt_logprobs"][1]["logprob"].get<double>(), a["logprobs"][1]["logprob"].get<double>(), 1e-5);
+  EXPECT_EQ(b["ids"].size(), 1u);
 }
 
 TEST(HttpFront, BenchMeasuresBothFrontsTheSameWay) {

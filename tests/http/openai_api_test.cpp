@@ -105,9 +105,12 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
       {R"({"prompt": ["a", 7]})", 400, "prompt", "prompt[1] must be"},
       {R"({"prompt": [1, "x"]})", 400, "prompt[1]", "must be an integer"},
       {R"({"prompt": "a", "max_tokens": "5"})", 400, "max_tokens", "must be an integer, got a string"},
-      {R"({"prompt": "a", "max_tokens": 0})", 400, "max_tokens", "[1, "},
+      {R"({"prompt": "a", "max_tokens": 0})", 400, "max_tokens", "0 only with echo or prompt_logprobs"},
+      {R"({"prompt": "a", "max_tokens": -1, "echo": true})", 400, "max_tokens", "[0, "},
       {R"({"prompt": "a", "max_tokens": 2.5})", 400, "max_tokens", "must be an integer, got 2.5"},
-      {R"({"prompt": "a", "max_tokens": 0.0})", 400, "max_tokens", "[1, "},
+      {R"({"prompt": "a", "max_tokens": 0.0})", 400, "max_tokens", "0 only with echo"},
+      {R"({"prompt": "a", "prompt_logprobs": -1})", 400, "prompt_logprobs", "[0, "},
+      {R"({"prompt": "a", "prompt_logprobs": "5"})", 400, "prompt_logprobs", "must be an integer"},
       {R"({"prompt": "a", "n": 1e300})", 400, "n", "must be an integer, got 1e+300"},
       {R"({"prompt": "a", "n": 0})", 400, "n", "[1, 256]"},
       {R"({"prompt": ["a", "b"], "n": 200})", 400, "n", "over 256 choices"},
@@ -116,7 +119,7 @@ TEST(OpenAiApi, BadRequestsSayWhichField) {
       {R"({"prompt": "a", "stream": "yes"})", 400, "stream", "true or false"},
       {R"({"prompt": "a", "stream_options": {"include_usage": true}})", 400, "stream_options",
        "stream: true"},
-      {R"({"prompt": "a", "echo": true})", 400, "echo", "not supported"},
+      {R"({"prompt": "a", "echo": "yes"})", 400, "echo", "true or false"},
       {R"({"prompt": "a", "best_of": 2})", 400, "best_of", "not supported"},
       {R"({"prompt": "a", "repetition_penalty": "1.2"})", 400, "repetition_penalty", "must be a number"},
       {R"({"prompt": "a", "min_tokens": 3})", 400, "min_tokens", "not supported"},
@@ -286,6 +289,94 @@ TEST(OpenAiApi, LogprobsCarryTokenStringsAndOffsets) {
   EXPECT_EQ((*b.on_tokens(t2))["choices"][0]["logprobs"]["text_offset"], json::array({6}));
   b.on_finished(finished(0, core::FinishReason::kLength, 1, 2));
   EXPECT_EQ(b.response()["choices"][0]["logprobs"]["tokens"], json::array({" world", "!"}));
+}
+
+// The router's first Tokens of a job with prompt logprobs: its prompt and the scores of prompt[1..].
+transport::Tokens prompt_reply(uint64_t tag, std::vector<int32_t> ids, std::vector<core::SampledToken> scores) {
+  transport::Tokens t;
+  t.tag = tag;
+  t.prompt_ids = std::move(ids);
+  t.prompt_logprobs = std::move(scores);
+  return t;
+}
+
+TEST(OpenAiApi, EchoWithLogprobsScoresThePromptInOpenAisLegacyShape) {
+  // What lm-evaluation-harness sends for a loglikelihood request.
+  const CompletionRequest r =
+      ok(R"({"prompt": "Hello world", "echo": true, "logprobs": 1, "max_tokens": 0, "temperature": 0.0})");
+  ASSERT_EQ(r.jobs.size(), 1u);
+  EXPECT_EQ(r.jobs[0].max_tokens, 0);
+  EXPECT_EQ(r.jobs[0].prompt_logprobs, 1);
+  CompletionBuilder b(r, "cmpl-4", 0, "gpt2", tokenizer());
+  const std::vector<int32_t> ids = tokenizer().encode("Hello world");
+  ASSERT_EQ(ids, (std::vector<int32_t>{15496, 995}));
+  auto c = b.on_tokens(prompt_reply(0, ids, {{995, -2.0f, {{11, -1.5f}}, 3}}));
+  ASSERT_TRUE(c);
+  EXPECT_EQ((*c)["choices"][0]["text"], "Hello world");
+  b.on_finished(finished(0, core::FinishReason::kLength, 2, 0));
+  const json resp = b.response();
+  const json& choice = resp["choices"][0];
+  EXPECT_EQ(choice["text"], "Hello world");
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_FALSE(choice.contains("prompt_logprobs")) << "vLLM's field only when asked for";
+  const json& lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"], json::array({"Hello", " world"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << "nothing predicts the first token";
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -2.0);
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][1][","].get<double>(), -1.5);
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][1][" world"].get<double>(), -2.0);
+  EXPECT_EQ(lp["text_offset"], json::array({0, 5}));
+  EXPECT_EQ(resp["usage"]["completion_tokens"], 0);
+}
+
+TEST(OpenAiApi, EchoedPromptComesFirstThenTheCompletionWithOffsetsPastIt) {
+  CompletionBuilder b(ok(R"({"prompt": [15496], "echo": true, "logprobs": 0, "max_tokens": 1, "stream": true})"),
+                      "cmpl-5", 0, "gpt2", tokenizer());
+  auto first = b.on_tokens(prompt_reply(0, {15496}, {}));
+  EXPECT_EQ((*first)["choices"][0]["text"], "Hello");
+  EXPECT_EQ((*first)["choices"][0]["logprobs"]["tokens"], json::array({"Hello"}));
+  transport::Tokens t = tokens(0, " world", 995);
+  t.logprobs.push_back({995, -0.5f, {}});
+  auto second = b.on_tokens(t);
+  EXPECT_EQ((*second)["choices"][0]["text"], " world");
+  EXPECT_EQ((*second)["choices"][0]["logprobs"]["text_offset"], json::array({5}));
+  b.on_finished(finished(0, core::FinishReason::kLength, 1, 1));
+  EXPECT_EQ(b.response()["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(b.response()["choices"][0]["logprobs"]["text_offset"], json::array({0, 5}));
+
+  // echo without logprobs needs no scores: the prompt's text rides on the first chunk.
+  const CompletionRequest plain = ok(R"({"prompt": "Hi", "echo": true, "max_tokens": 1})");
+  EXPECT_EQ(plain.jobs[0].prompt_logprobs, -1);
+  CompletionBuilder p(plain, "cmpl-6", 0, "gpt2", tokenizer());
+  EXPECT_EQ((*p.on_tokens(tokens(0, "!", 0)))["choices"][0]["text"], "Hi!");
+  p.on_finished(finished(0, core::FinishReason::kLength, 1, 1));
+  EXPECT_EQ(p.response()["choices"][0]["text"], "Hi!");
+  EXPECT_TRUE(p.response()["choices"][0]["logprobs"].is_null());
+  // ... and one that generates nothing still asks for the prompt (its whole answer).
+  EXPECT_EQ(ok(R"({"prompt": "Hi", "echo": true, "max_tokens": 0})").jobs[0].prompt_logprobs, 0);
+}
+
+TEST(OpenAiApi, PromptLogprobsAreVllmsRankedDictionaries) {
+  const CompletionRequest r = ok(R"({"prompt": [15496, 995], "prompt_logprobs": 1, "max_tokens": 1})");
+  EXPECT_EQ(r.jobs[0].prompt_logprobs, 1);
+  EXPECT_FALSE(r.echo);
+  CompletionBuilder b(r, "cmpl-7", 0, "gpt2", tokenizer());
+  auto c = b.on_tokens(prompt_reply(0, {15496, 995}, {{995, -2.0f, {{11, -1.5f}}, 3}}));
+  EXPECT_EQ((*c)["choices"][0]["text"], "") << "the prompt is not echoed";
+  EXPECT_EQ((*c)["choices"][0]["prompt_logprobs"].size(), 2u);
+  b.on_tokens(tokens(0, "!", 0));
+  b.on_finished(finished(0, core::FinishReason::kLength, 2, 1));
+  const json resp = b.response();
+  const json& pl = resp["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 2u);
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_DOUBLE_EQ(pl[1]["995"]["logprob"].get<double>(), -2.0);
+  EXPECT_EQ(pl[1]["995"]["rank"], 3);
+  EXPECT_EQ(pl[1]["995"]["decoded_token"], " world");
+  EXPECT_EQ(pl[1]["11"]["rank"], 1);
+  EXPECT_EQ(pl[1]["11"]["decoded_token"], ",");
+  EXPECT_EQ(b.response()["choices"][0]["text"], "!");
 }
 
 TEST(OpenAiApi, AChoiceThatFailsFailsTheRequest) {

@@ -222,6 +222,58 @@ TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   EXPECT_EQ(ex.run({}, failures).size(), 0u);
 }
 
+TEST(StepExecutor, PromptScoresComeAFewRowsAtATimeAndEqualAFullForward) {
+  const auto& t = tiny();
+  PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+  StepExecutor ex(t.model, cache);
+  ex.set_score_rows_per_call(16);  // 40 rows: three LM-head calls
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> id(0, 50000);
+  std::vector<int32_t> prompt(41);
+  for (auto& x : prompt) x = id(rng);
+  SeqChunk a;  // the first 40 tokens: rows 0..39 score positions 1..40
+  a.seq_id = 1;
+  a.token_ids.assign(prompt.begin(), prompt.begin() + 40);
+  for (int32_t b = 0; b < 11; ++b) a.block_table.push_back(20 + b);
+  a.sampling.prompt_logprobs = 2;
+  a.score_ids.assign(prompt.begin() + 1, prompt.end());
+  SeqChunk d;  // a decode beside it that samples
+  d.seq_id = 2;
+  d.token_ids = {464, 2068};
+  d.block_table = {5};
+  d.sample = true;
+  d.sampling.temperature = 0.0f;
+  std::vector<core::SeqFailure> failures;
+  std::vector<core::PromptScores> scores;
+  const auto outputs = ex.run({a, d}, failures, scores);
+  EXPECT_TRUE(failures.empty());
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs[0].token.id, t.model.forward_full({464, 2068})[1].argmax().item<int64_t>());
+  ASSERT_EQ(scores.size(), 1u);
+  EXPECT_EQ(scores[0].seq_id, 1u);
+  EXPECT_EQ(scores[0].start, 1);
+  ASSERT_EQ(scores[0].tokens.size(), 40u);
+  const torch::Tensor lsm = torch::log_softmax(t.model.forward_full(prompt).to(torch::kDouble), 1);
+  for (int64_t p = 1; p <= 40; ++p) {
+    const core::SampledToken& s = scores[0].tokens[p - 1];
+    EXPECT_EQ(s.id, prompt[p]);
+    EXPECT_NEAR(s.logprob, lsm[p - 1][prompt[p]].item<double>(), 1e-4) << "position " << p;
+    EXPECT_GE(s.rank, 1);
+    ASSERT_EQ(s.top.size(), 2u);
+    EXPECT_EQ(s.top[0].first, lsm[p - 1].argmax().item<int64_t>());
+  }
+  // The two-argument run refuses to drop scores.
+  SeqChunk again = a;
+  again.seq_id = 3;
+  again.block_table.clear();
+  for (int32_t b = 0; b < 11; ++b) again.block_table.push_back(40 + b);
+  EXPECT_THROW(ex.run({again}, failures), std::logic_error);
+  // More score ids than rows is a bad plan.
+  again.score_ids.push_back(1);
+  again.score_ids.insert(again.score_ids.end(), 5, 1);
+  EXPECT_THROW(ex.run({again}, failures, scores), std::invalid_argument);
+}
+
 TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, 8, kBlockSize);

@@ -300,3 +300,81 @@ TEST(RouterCore, ShuttingDownRefusesNewJobs) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+core::RequestEvent prompt_scores(uint64_t id, int32_t start, std::vector<int32_t> ids) {
+  core::RequestEvent ev;
+  ev.request_id = id;
+  ev.kind = core::EventKind::kPromptLogprobs;
+  ev.prompt_start = start;
+  for (int32_t t : ids) ev.prompt_logprobs.push_back({t, -0.5f * static_cast<float>(t % 7), {}, 2});
+  return ev;
+}
+
+TEST(RouterCore, PromptLogprobsReachTheClientOnceWholeBeforeAnyToken) {
+  RouterCore r(gpt2(), options());
+  RouterOutput out;
+  Job j = text_job(9, "The quick brown fox", 0);  // max_tokens 0: only with prompt logprobs
+  r.on_submit(zmq("a"), j, 0, out);
+  ASSERT_EQ(of<Rejected>(out).size(), 1u);
+  EXPECT_NE(of<Rejected>(out)[0].message.find("max_tokens"), std::string::npos);
+  j.prompt_logprobs = 1;
+  out = {};
+  r.on_submit(zmq("a"), j, 0, out);
+  ASSERT_EQ(of<Accepted>(out).size(), 1u);
+  const auto& req = std::get<core::Request>(out.commands.at(0));
+  EXPECT_EQ(req.sampling.prompt_logprobs, 1);
+  EXPECT_EQ(req.max_tokens, 0);
+  const uint64_t id = of<Accepted>(out)[0].request_id;
+  const std::vector<int32_t> prompt = gpt2().encode("The quick brown fox");
+  ASSERT_EQ(prompt.size(), 4u);
+  RouterOutput s;
+  r.on_events({scheduled(id), prompt_scores(id, 1, {prompt[1], prompt[2]})}, 1, s);
+  EXPECT_TRUE(of<Tokens>(s).empty()) << "nothing until every position has come";
+  // A repeat of position 2 (a moved request scored again) is skipped.
+  r.on_events({prompt_scores(id, 2, {prompt[2], prompt[3]}), finished(id, core::FinishReason::kLength)}, 2, s);
+  const auto tokens = of<Tokens>(s);
+  ASSERT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(tokens[0].tag, 9u);
+  EXPECT_EQ(tokens[0].prompt_ids, prompt);
+  EXPECT_EQ(tokens[0].prompt_text, "The quick brown fox");
+  ASSERT_EQ(tokens[0].prompt_logprobs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tokens[0].prompt_logprobs[i].id, prompt[i + 1]);
+  EXPECT_TRUE(tokens[0].ids.empty());
+  ASSERT_EQ(of<Finished>(s).size(), 1u);
+  EXPECT_EQ(of<Finished>(s)[0].usage.completion_tokens, 0);
+
+  // A one-token prompt has nothing to score: its prompt goes out when it is scheduled.
+  Job one = text_job(10, "Hi", 1);
+  one.prompt_logprobs = 0;
+  RouterOutput o2;
+  r.on_submit(zmq("a"), one, 3, o2);
+  const uint64_t id2 = of<Accepted>(o2)[0].request_id;
+  RouterOutput s2;
+  r.on_events({scheduled(id2), token(id2, 11)}, 4, s2);
+  const auto t2 = of<Tokens>(s2);
+  ASSERT_EQ(t2.size(), 2u);
+  EXPECT_EQ(t2[0].prompt_ids, gpt2().encode("Hi"));
+  EXPECT_TRUE(t2[0].prompt_logprobs.empty());
+  EXPECT_EQ(t2[1].ids, (std::vector<int32_t>{11}));
+  // A prompt that fills every position is fine when nothing is generated.
+  Job full;
+  full.tag = 11;
+  full.prompt_ids = std::vector<int32_t>(64, 318);
+  full.max_tokens = 0;
+  full.prompt_logprobs = 0;
+  RouterOutput o3;
+  r.on_submit(zmq("a"), full, 5, o3);
+  EXPECT_EQ(of<Accepted>(o3).size(), 1u);
+  full.max_tokens = 1;
+  full.tag = 12;
+  RouterOutput o4;
+  r.on_submit(zmq("a"), full, 5, o4);
+  ASSERT_EQ(of<Rejected>(o4).size(), 1u);
+  EXPECT_EQ(of<Rejected>(o4)[0].code, RejectCode::kTooLong);
+}
+
+}  // namespace
+}  // namespace troupe::actors

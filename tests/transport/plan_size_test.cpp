@@ -25,7 +25,7 @@ std::string decode_result(int num_seqs) {
   r.step_id = 123456;
   r.forward_ms = 12.5;
   r.idle_ms = 0.25;
-  for (int i = 0; i < num_seqs; ++i) r.outputs.push_back({uint64_t(1000 + i), {30000, 0.0f, {}}});
+  for (int i = 0; i < num_seqs; ++i) r.outputs.push_back({uint64_t(1000 + i), {30000, 0.0f, {}, 0}});
   return encode(Result{0, r});
 }
 

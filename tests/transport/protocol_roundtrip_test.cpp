@@ -68,7 +68,7 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   const core::StepPlan& p = plan.plan;
   EXPECT_EQ(p.step_id, 77u);
   EXPECT_EQ(p.drop, (std::vector<uint64_t>{3, 1ull << 40}));
-  ASSERT_EQ(p.new_seqs.size(), 2u);
+  ASSERT_EQ(p.new_seqs.size(), 3u);
   EXPECT_EQ(p.new_seqs[0].tokens, (std::vector<int32_t>{50256, 0, 318, 1000000}));
   EXPECT_EQ(p.new_seqs[0].num_cached, 2);
   EXPECT_EQ(p.new_seqs[0].block_table, (std::vector<int32_t>{4, 5}));
@@ -104,6 +104,39 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   EXPECT_TRUE(r.failures[0].retryable);
   EXPECT_DOUBLE_EQ(r.forward_ms, 3.25);
   EXPECT_DOUBLE_EQ(r.idle_ms, 0.125);
+  ASSERT_EQ(r.prompt_scores.size(), 1u);
+  EXPECT_EQ(r.prompt_scores[0].seq_id, 13u);
+  EXPECT_EQ(r.prompt_scores[0].start, 1);
+  ASSERT_EQ(r.prompt_scores[0].tokens.size(), 2u);
+  EXPECT_EQ(r.prompt_scores[0].tokens[0].id, 2);
+  EXPECT_EQ(r.prompt_scores[0].tokens[0].rank, 7);
+  EXPECT_FLOAT_EQ(r.prompt_scores[0].tokens[0].logprob, -3.5f);
+  EXPECT_EQ(r.prompt_scores[0].tokens[0].top[1], (std::pair<int32_t, float>{9, -1.0f}));
+  ASSERT_EQ(p.new_seqs.size(), 3u);
+  EXPECT_EQ(p.new_seqs[2].sampling.prompt_logprobs, 2);
+  EXPECT_EQ(p.new_seqs[1].sampling.prompt_logprobs, -1);
+}
+
+TEST(ProtocolRoundTrip, PromptLogprobsCarryThePromptsIds) {
+  auto all = test::sample_messages();
+  EXPECT_EQ(std::get<Submit>(decode_ok(encode(all[0]))).prompt_logprobs, 4);
+  EXPECT_EQ(std::get<Submit>(decode_ok(encode(Submit{}))).prompt_logprobs, -1);
+  const Tokens& sent = std::get<Tokens>(all.back());
+  auto t = std::get<Tokens>(decode_ok(encode(sent)));
+  EXPECT_EQ(t.prompt_ids, (std::vector<int32_t>{15496, 11, 995}));
+  ASSERT_EQ(t.prompt_logprobs.size(), 2u);
+  EXPECT_EQ(t.prompt_logprobs[0].id, 11);
+  EXPECT_EQ(t.prompt_logprobs[1].id, 995);
+  EXPECT_EQ(t.prompt_logprobs[1].rank, 50257);
+  EXPECT_TRUE(std::isinf(t.prompt_logprobs[1].logprob));
+  EXPECT_EQ(t.prompt_logprobs[0].top, (std::vector<std::pair<int32_t, float>>{{13, -1.0f}}));
+  EXPECT_EQ(t.prompt_text, "Hello, world");
+  // Scores that do not match the prompt's length are a bad field, not a crash.
+  Tokens bad = sent;
+  bad.prompt_logprobs.pop_back();
+  const Decoded d = decode(encode(bad));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error.code, ErrorCode::kBadField);
 }
 
 TEST(ProtocolRoundTrip, TokenLogprobsCarryTheirIds) {

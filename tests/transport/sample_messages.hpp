@@ -36,6 +36,11 @@ inline core::StepPlan sample_plan() {
   ns.sampling.logit_bias = {{3, -100.0f}, {50256, 7.5f}};
   ns.sampling.repetition_penalty = 1.25f;
   p.new_seqs.push_back(ns);
+  // One that asks for prompt logprobs: the longest sampling layout.
+  ns.seq_id = 13;
+  ns.num_generated = 0;
+  ns.sampling.prompt_logprobs = 2;
+  p.new_seqs.push_back(ns);
   p.work.push_back({9, 2, 2, {}, true});
   p.work.push_back({12, 1023, 1, {6}, false});
   return p;
@@ -44,10 +49,11 @@ inline core::StepPlan sample_plan() {
 inline core::StepResult sample_result() {
   core::StepResult r;
   r.step_id = 77;
-  r.outputs.push_back({9, {318, 0.0f, {}}});
+  r.outputs.push_back({9, {318, 0.0f, {}, 0}});
   r.outputs.push_back({12, {11, -0.25f, {{11, -0.25f}, {13, -2.5f}}}});
   r.outputs.push_back({14, {12, -std::numeric_limits<float>::infinity(), {}}});
   r.failures.push_back({15, "unknown sequence", true});
+  r.prompt_scores.push_back({13, 1, {{2, -3.5f, {{0, -0.5f}, {9, -1.0f}}, 7}, {3, -0.75f, {}, 1}}});
   r.error = "";
   r.forward_ms = 3.25;
   r.idle_ms = 0.125;
@@ -72,6 +78,7 @@ inline std::vector<Message> sample_messages() {
   s.frequency_penalty = -2.0f;
   s.logit_bias = {{50256, -100.0f}, {11, 3.5f}};
   s.repetition_penalty = 1.5f;
+  s.prompt_logprobs = 4;
   all.push_back(s);
   Submit ids = s;
   ids.prompt.reset();
@@ -86,7 +93,7 @@ inline std::vector<Message> sample_messages() {
   t.ids = {995, 13};
   t.logprobs = {{995, -0.5f, {{995, -0.5f}, {1, -3.0f}}}, {13, -1.5f, {}}};
   all.push_back(t);
-  all.push_back(Tokens{44, "x", {87}, {}});
+  all.push_back(Tokens{44, "x", {87}, {}, {}, {}, {}});
   Finished f;
   f.tag = 42;
   f.finish_reason = core::FinishReason::kError;
@@ -143,6 +150,12 @@ inline std::vector<Message> sample_messages() {
   all.push_back(Heartbeat{{}, {{0, 41}, {3, 1}}});
   all.push_back(Reset{"step 7 ran 12 s, past its deadline of 5 s"});
   all.push_back(Error{ErrorCode::kTooSlow, "you read too slowly", std::nullopt});
+  Tokens prompt;  // a job's prompt and its scores (last: the indices above stay)
+  prompt.tag = 45;
+  prompt.prompt_ids = {15496, 11, 995};
+  prompt.prompt_text = "Hello, world";
+  prompt.prompt_logprobs = {{11, -2.5f, {{13, -1.0f}}, 3}, {995, -std::numeric_limits<float>::infinity(), {}, 50257}};
+  all.push_back(prompt);
   return all;
 }
 

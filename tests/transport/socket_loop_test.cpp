@@ -164,11 +164,11 @@ TEST(SocketLoop, VanishedClientIsReportedAndTheServerGoesOn) {
     client.loop.send_message(client.id, "", Cancel{1});
     server.next();
     peer = server.last_peer;
-    server.loop.send_message(server.id, peer, Tokens{1, "a", {1}, {}});
+    server.loop.send_message(server.id, peer, Tokens{1, "a", {1}, {}, {}, {}, {}});
     client.next();
   }  // the client's loop stops and its socket closes
   ASSERT_TRUE(wait_until([&] {
-    server.loop.send_message(server.id, peer, Tokens{1, "b", {2}, {}});
+    server.loop.send_message(server.id, peer, Tokens{1, "b", {2}, {}, {}, {}, {}});
     return lost > 0;
   }));
   {

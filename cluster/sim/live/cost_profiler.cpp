@@ -172,8 +172,9 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   };
   auto time_once = [&](const std::vector<core::SeqChunk>& chunks) {
     std::vector<core::SeqFailure> failures;
+    std::vector<core::PromptScores> scores;
     const auto t0 = Clock::now();
-    exec.run(chunks, failures);
+    exec.run(chunks, failures, scores);
     const auto t1 = Clock::now();
     if (!failures.empty()) throw std::runtime_error("profile: a synthetic step failed: " + failures[0].error);
     return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());

@@ -1,6 +1,7 @@
 #include "cluster/sim/live/emulated_worker.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -26,16 +27,29 @@ actors::StepRunner make_emulated_runner(const EmulatedWorkerConfig& config) {
     r.step_id = plan.step_id;
     r.failures = step.failures;
     for (const auto& c : step.chunks) {
+      if (!c.score_ids.empty()) {
+        // Prompt logprobs: made-up values (no model), the LM head's rows charged below.
+        core::PromptScores& p = r.prompt_scores.emplace_back();
+        p.seq_id = c.seq_id;
+        p.start = c.start_pos + 1;
+        for (int32_t id : c.score_ids) {
+          core::SampledToken t{id, -std::log(static_cast<float>(config.table.vocab_size)), {}, 1};
+          for (int32_t k = 0; k < c.sampling.prompt_logprobs; ++k)
+            t.top.emplace_back((id + k) % config.table.vocab_size, t.logprob);
+          p.tokens.push_back(std::move(t));
+        }
+      }
       if (!c.sample) continue;
       const int32_t pos = c.start_pos + static_cast<int32_t>(c.token_ids.size());
       r.outputs.push_back(
-          {c.seq_id, {emulated_token(c.seq_id, pos, config.table.vocab_size, config.eos_id), 0.0f, {}}});
+          {c.seq_id, {emulated_token(c.seq_id, pos, config.table.vocab_size, config.eos_id), 0.0f, {}, 0}});
     }
     table->commit(step, r.outputs, {});
     // The step takes what the model predicts for the work that really ran.
     core::StepPlan ran;
     for (const auto& c : step.chunks) {
-      ran.work.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), {}, c.sample});
+      ran.work.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), {}, c.sample,
+                          static_cast<int32_t>(c.score_ids.size())});
     }
     const auto ns = static_cast<int64_t>(static_cast<double>(config.cost.predict_ns(ran)) * config.time_scale);
     std::this_thread::sleep_until(start + std::chrono::nanoseconds(ns));
