@@ -34,7 +34,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct BatchFlags {
-  std::string model, input, output, device = "cpu";
+  std::string model, input, output, device = "cpu", dtype = "float32";
   SchedulerFlags sched;
   bool quiet = false;
 };
@@ -89,7 +89,7 @@ int run_batch(const BatchFlags& f) {
   auto dir = model::load_model_dir(f.model);
   const auto& cfg = dir.config;
   const core::SchedulerOptions so = scheduler_options(f.sched, cfg);
-  model::Gpt2 gpt(cfg, std::move(dir.weights), device);
+  model::Gpt2 gpt(cfg, std::move(dir.weights), device, model::parse_weight_dtype(f.dtype));
   model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
   actors::RouterOptions router_options;  // the servers' job checks, without a queue bound
@@ -222,6 +222,7 @@ void add_batch_command(CLI::App& app, Registry& registry) {
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
   add_scheduler_flags(*sub, f->sched);
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  add_dtype_flag(sub, f->dtype);
   sub->add_flag("--quiet", f->quiet, "No progress bar");
   registry.push_back({sub, [f] { return run_batch(*f); }});
 }

@@ -27,7 +27,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct GenerateFlags {
-  std::string model, prompt, prompt_ids, mode = "kv", device = "cpu";
+  std::string model, prompt, prompt_ids, mode = "kv", device = "cpu", dtype = "float32";
   int32_t max_tokens = 16;
   float temperature = 0.0f, top_p = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f,
         repetition_penalty = 1.0f;
@@ -179,7 +179,7 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
     throw std::invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens (" +
                                 std::to_string(opt.max_tokens) + ") exceeds the model's " +
                                 std::to_string(dir.config.n_positions) + " positions");
-  model::Gpt2 gpt(dir.config, std::move(dir.weights), device);
+  model::Gpt2 gpt(dir.config, std::move(dir.weights), device, model::parse_weight_dtype(f.dtype));
 
   auto stream = [&](const std::string& delta) {
     if (f.json) return;
@@ -244,6 +244,13 @@ c10::Device parse_device(const std::string& text) {
   return *device;
 }
 
+void add_dtype_flag(CLI::App* sub, std::string& dtype) {
+  sub->add_option("--dtype", dtype,
+                  "Weights stored as float32 (default) or bfloat16 (half the bytes per step; fp32 math on the "
+                  "rounded weights)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
+}
+
 void add_generate_command(CLI::App& app, Registry& registry) {
   auto* sub = app.add_subcommand("generate", "Generate text for one prompt (naive, kv or paged loop)");
   auto f = std::make_shared<GenerateFlags>();
@@ -267,6 +274,7 @@ void add_generate_command(CLI::App& app, Registry& registry) {
   add_logit_flags(sub, f->presence_penalty, f->frequency_penalty, f->repetition_penalty, f->logit_bias);
   sub->add_flag("--ignore-eos", f->ignore_eos, "Keep going after <|endoftext|>");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  add_dtype_flag(sub, f->dtype);
   sub->add_flag("--json", f->json, "Print one JSON object instead of streaming text");
   sub->add_flag("--compare", f->compare, "Run naive, kv and paged back to back and compare them");
   registry.push_back({sub, [f, sub] { return run_generate(*f, *sub); }});

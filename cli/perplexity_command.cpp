@@ -30,9 +30,9 @@ namespace {
 using nlohmann::json;
 
 struct PerplexityFlags {
-  std::string model, file, device = "cpu";
+  std::string model, file, device = "cpu", dtype = "float32";
   int64_t context = 0, stride = 0, batch = 128;
-  bool score_second_half = false, json = false;
+  bool score_second_half = false, json = false, kl_divergence = false;
   // Through a running server instead of a model loaded here.
   std::string to, base_url, api_key, served_model, server_key, secret_key;
   int32_t max_in_flight = 16;
@@ -91,6 +91,46 @@ model::PerplexityResult score_remotely(const PerplexityFlags& f, const std::vect
   return r;
 }
 
+// --kl-divergence: the --dtype model against the float32 one on the same
+// windows (llama-perplexity --kl-divergence's figures).
+int run_kl_divergence(const PerplexityFlags& f, model::ModelDir& dir, const std::vector<int32_t>& ids,
+                      const model::PerplexityOptions& o, const std::function<void(int64_t, int64_t)>& progress,
+                      model::WeightDtype dtype) {
+  const torch::Device device = parse_device(f.device);
+  const model::Gpt2 base(dir.config, dir.weights, device, model::WeightDtype::kFloat32);
+  const model::Gpt2 gpt(dir.config, std::move(dir.weights), device, dtype);
+  const model::KlResult k = model::score_kl_divergence(base, gpt, ids, o, progress);
+  if (f.json) {
+    json j{{"dtype", model::to_string(dtype)},
+           {"kl_mean", k.kl_mean},
+           {"kl_p99", k.kl_p99},
+           {"kl_max", k.kl_max},
+           {"top1_agreement", k.top1},
+           {"ppl", k.model.ppl()},
+           {"ppl_float32", k.base.ppl()},
+           {"tokens_scored", k.model.scored},
+           {"windows", k.model.windows},
+           {"context", o.context},
+           {"stride", o.stride},
+           {"windows_convention", f.score_second_half ? "second_half" : "sliding"},
+           {"seconds", k.model.seconds},
+           {"random_weights", dir.config.random_weights},
+           {"cpu", model::cpu_model_name()},
+           {"kernels", model::to_string(model::kernel_isa())}};
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+  std::printf("%s against float32, %lld tokens scored in %lld windows of %lld:\n", model::to_string(dtype),
+              static_cast<long long>(k.model.scored), static_cast<long long>(k.model.windows),
+              static_cast<long long>(o.context));
+  std::printf("  KL divergence: mean %.6g, p99 %.6g, max %.6g nats\n", k.kl_mean, k.kl_p99, k.kl_max);
+  std::printf("  top-1 agreement: %.4f%%\n", 100.0 * k.top1);
+  std::printf("  perplexity: %s %.4f, float32 %.4f\n", model::to_string(dtype), k.model.ppl(), k.base.ppl());
+  if (dir.config.random_weights)
+    std::printf("note: RANDOM weights (%s): these figures measure the rounding, not language\n", f.model.c_str());
+  return 0;
+}
+
 int run_perplexity(const PerplexityFlags& f) {
   const bool remote = !f.to.empty() || !f.base_url.empty();
   if (remote && f.score_second_half)
@@ -118,11 +158,18 @@ int run_perplexity(const PerplexityFlags& f) {
   const bool random = config.random_weights;
   const bool bar = !f.json && isatty(STDERR_FILENO);
   const std::function<void(int64_t, int64_t)> progress = bar ? draw_progress : std::function<void(int64_t, int64_t)>();
+  const model::WeightDtype dtype = model::parse_weight_dtype(f.dtype);
+  if (f.kl_divergence) {
+    if (remote) throw std::invalid_argument("--kl-divergence runs both models here: it takes no --to or --base-url");
+    if (dtype == model::WeightDtype::kFloat32)
+      throw std::invalid_argument("--kl-divergence compares --dtype's model with the float32 one: give --dtype bfloat16");
+    return run_kl_divergence(f, *dir, ids, o, progress, dtype);
+  }
   model::PerplexityResult r;
   if (remote) {
     r = score_remotely(f, ids, windows, progress);
   } else {
-    model::Gpt2 gpt(dir->config, std::move(dir->weights), parse_device(f.device));
+    model::Gpt2 gpt(dir->config, std::move(dir->weights), parse_device(f.device), dtype);
     r = model::score_perplexity(gpt, ids, o, progress);
   }
   const double run_per_s = r.seconds > 0 ? static_cast<double>(r.run) / r.seconds : 0.0;
@@ -186,6 +233,10 @@ void add_perplexity_command(CLI::App& app, Registry& registry) {
                 "llama.cpp's convention (llama-perplexity -c N): windows of exactly --context tokens end to "
                 "end, each scoring only its second half");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  add_dtype_flag(sub, f->dtype);
+  sub->add_flag("--kl-divergence", f->kl_divergence,
+                "Compare the --dtype model with the float32 one (both loaded here): mean and p99 KL divergence "
+                "of the next-token distributions and top-1 agreement, as llama-perplexity --kl-divergence");
   sub->add_flag("--json", f->json, "Print one JSON object");
   auto* to = sub->add_option("--to", f->to,
                              "Score through a running troupe head (its client endpoint, tcp://HOST:5555): "

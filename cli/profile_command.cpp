@@ -18,7 +18,7 @@ namespace troupe::cli {
 namespace {
 
 struct ProfileFlags {
-  std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with;
+  std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with, dtype = "float32";
   CLI::Option* stat_flag = nullptr;
   int threads = 0;
   bool quiet = false;
@@ -82,10 +82,11 @@ int run_profile(ProfileFlags& f) {
   if (!f.model.empty()) {
     dir = model::load_model_dir(f.model);
     cfg = dir->config;
-    gpt = std::make_unique<model::Gpt2>(cfg, std::move(dir->weights), device);
+    gpt = std::make_unique<model::Gpt2>(cfg, std::move(dir->weights), device, model::parse_weight_dtype(f.dtype));
   } else {
     cfg = model::Gpt2Config::preset(f.preset);  // speed does not depend on the weights' values
-    gpt = std::make_unique<model::Gpt2>(cfg, model::Gpt2Weights::random(cfg, 1), device);
+    gpt = std::make_unique<model::Gpt2>(cfg, model::Gpt2Weights::random(cfg, 1), device,
+                                        model::parse_weight_dtype(f.dtype));
   }
   const bool tty = isatty(STDERR_FILENO);
   if (!f.quiet) {
@@ -114,6 +115,7 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--preset", f->preset, "Instead of --model: random weights of a shape (tiny, gpt2)");
   sub->add_option("--out", f->out, "Cost profile to write (JSON)")->required();
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
+  add_dtype_flag(sub, f->dtype);
   sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
       ->check(non_negative_number());
   sub->add_flag("--quick", f->options.quick, "A small grid (tests: under a minute on the tiny model)");

@@ -78,7 +78,9 @@ std::vector<LocalWorker> local_workers(const HeadOptions& o, const model::ModelD
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
   for (size_t i = 0; i < devices.size(); ++i) {
     auto& m = models[devices[i]];
-    if (!m) m = std::make_shared<model::Gpt2>(dir.config, dir.weights, c10::Device(devices[i]));
+    if (!m)
+      m = std::make_shared<model::Gpt2>(dir.config, dir.weights, c10::Device(devices[i]),
+                                        model::parse_weight_dtype(o.dtype));
     ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i]};
     out.push_back(
         {devices[i], actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr}, cost});
@@ -223,6 +225,8 @@ class HeadProcess {
     gc.worker_template = sched_;
     gc.membership.liveness = transport::LivenessOptions{o_.heartbeat, o_.liveness};
     gc.membership.fingerprint = fingerprint_;
+    gc.membership.dtype = model::to_string(model::parse_weight_dtype(o_.dtype));
+    gc.membership.allow_mixed_dtypes = o_.allow_mixed_dtypes;
     gc.membership.vocab_size = cfg.vocab_size;
     gc.membership.max_nodes = o_.max_nodes;
     gc.membership.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1);

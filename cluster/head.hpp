@@ -31,6 +31,8 @@ struct HeadOptions {
   std::vector<std::string> devices = {"cpu"};          // one local worker per entry ("cpu", "cuda:0")
   int32_t workers = 1;               // local CPU workers when devices == {"cpu"}; 0 = head alone
   int32_t threads_per_worker = 0;    // 0 = the usable CPUs split among the local workers
+  std::string dtype = "float32";     // the local workers' weights (--dtype); nodes must run the same
+  bool allow_mixed_dtypes = false;   // --allow-mixed-dtypes: take nodes of another --dtype
   core::SchedulerOptions scheduler;  // budgets (seqs, tokens, block size, prefix caching);
                                      // the model's facts and the pool size are filled in
   std::string kv_memory = "2GiB";    // KV pool of each local worker

@@ -13,7 +13,7 @@ bool same_node(const std::string& name, const std::vector<transport::WorkerInfo>
                const transport::Register& reg) {
   auto fields = [](const transport::WorkerInfo& w) {
     return std::tie(w.index, w.device, w.num_blocks, w.block_size, w.max_model_len, w.vocab_size, w.threads,
-                    w.fingerprint);
+                    w.fingerprint, w.dtype);
   };
   return name == reg.node && std::equal(infos.begin(), infos.end(), reg.workers.begin(), reg.workers.end(),
                                         [&](const auto& a, const auto& b) { return fields(a) == fields(b); });
@@ -55,6 +55,11 @@ std::variant<Membership::Joined, Membership::Refusal> Membership::on_register(
                         ", vocabulary " + std::to_string(w.vocab_size) + "; the head's are " +
                         std::to_string(options_.fingerprint) + ", " + std::to_string(options_.vocab_size) +
                         ")");
+    }
+    if (w.dtype != options_.dtype && !options_.allow_mixed_dtypes) {
+      return refuse(who + "runs --dtype " + w.dtype + ", the head " + options_.dtype +
+                    " (a request's tokens would depend on where it runs; --allow-mixed-dtypes on the head "
+                    "accepts it)");
     }
     if (w.num_blocks < 1 || w.block_size < 1 || w.max_model_len < 2) {
       return refuse(who + "reports an unusable KV pool or model length");

@@ -29,6 +29,8 @@ namespace troupe::cluster {
 struct MembershipOptions {
   transport::LivenessOptions liveness;  // heartbeat interval and liveness, told to every node
   uint64_t fingerprint = 0;             // the head's model; a node with another is refused
+  std::string dtype = "float32";        // the head's --dtype; a worker with another is refused unless
+  bool allow_mixed_dtypes = false;      // this (--allow-mixed-dtypes)
   int32_t vocab_size = 0;               // the head's model (a cheap second check)
   uint32_t max_workers_per_node = 64;   // more in one register is refused
   uint32_t max_nodes = 64;              // nodes at once (--max-nodes); another is refused

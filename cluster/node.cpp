@@ -343,6 +343,7 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
   }
   const std::string cost = node_cost(o, profile);
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
+  const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
   const auto budgets =
       model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
@@ -354,7 +355,7 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
       nw.factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
     } else {
       auto& m = models[devices[i]];
-      if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]));
+      if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]), dtype);
       wc.model = m;
       nw.factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
     }
@@ -367,6 +368,7 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
     info.vocab_size = cfg.vocab_size;
     info.threads = profile ? 0 : wc.threads.intra_op_threads;
     info.fingerprint = fingerprint;
+    info.dtype = model::to_string(dtype);
     info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size) * nw.blocks;
     info.cost = cost;
     nw.reg.workers.push_back(info);

@@ -31,6 +31,7 @@ struct NodeOptions {
   std::vector<std::string> devices = {"cpu"};  // one worker per entry
   int32_t workers = 1;                         // CPU workers when devices == {"cpu"}
   int32_t threads_per_worker = 0;              // 0 = usable CPUs split among the workers
+  std::string dtype = "float32";               // the workers' weights (--dtype), told to the head
   std::string kv_memory = "2GiB";              // KV pool per worker
   int32_t num_blocks = 0;                      // overrides kv_memory
   int32_t block_size = 16;

@@ -40,8 +40,8 @@ torch::Tensor cpu_index(const torch::Tensor& t, int64_t n, const char* name) {
 
 }  // namespace
 
-Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device)
-    : config_(config), device_(device) {
+Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device, WeightDtype dtype)
+    : config_(config), device_(device), dtype_(dtype) {
   config_.validate();
   const int64_t E = config_.n_embd, V = config_.vocab_size, P = config_.n_positions;
   expect_shape(weights.wte, {V, E}, "wte");
@@ -69,10 +69,16 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device)
   }
   // Each source is let go once copied: weights moved in are freed as the
   // copies are made, so the two sets never coexist whole.
-  head_ = Linear(to_device(weights.wte, device), WeightLayout::kOutIn);
+  // The weight matrices in `dtype` (bfloat16: as llama.cpp's BF16 files
+  // hold them, the norms' and biases' vectors stay fp32).
+  auto linear = [&](const torch::Tensor& w, WeightLayout layout) {
+    return Linear(to_device(w, device), layout, kernel_isa(), dtype);
+  };
+  head_ = linear(weights.wte, WeightLayout::kOutIn);
   weights.wte = torch::Tensor();
   malloc_trim(0);
-  wpe_ = to_device(weights.wpe, device);
+  wpe_ = dtype == WeightDtype::kBFloat16 ? round_to_bfloat16(to_device(weights.wpe, device))
+                                         : to_device(weights.wpe, device);
   ln_f_w_ = to_device(weights.ln_f_weight, device);
   ln_f_b_ = to_device(weights.ln_f_bias, device);
   for (LayerWeights& w : weights.layers) {
@@ -80,10 +86,10 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device)
                             to_device(w.attn_c_attn_bias, device), to_device(w.attn_c_proj_bias, device),
                             to_device(w.ln_2_weight, device), to_device(w.ln_2_bias, device),
                             to_device(w.mlp_c_fc_bias, device), to_device(w.mlp_c_proj_bias, device),
-                            Linear(to_device(w.attn_c_attn_weight, device), WeightLayout::kInOut),
-                            Linear(to_device(w.attn_c_proj_weight, device), WeightLayout::kInOut),
-                            Linear(to_device(w.mlp_c_fc_weight, device), WeightLayout::kInOut),
-                            Linear(to_device(w.mlp_c_proj_weight, device), WeightLayout::kInOut)});
+                            linear(w.attn_c_attn_weight, WeightLayout::kInOut),
+                            linear(w.attn_c_proj_weight, WeightLayout::kInOut),
+                            linear(w.mlp_c_fc_weight, WeightLayout::kInOut),
+                            linear(w.mlp_c_proj_weight, WeightLayout::kInOut)});
     w = {};
     malloc_trim(0);  // hand the freed source back (tune_malloc keeps freed memory): the copies are new memory
   }

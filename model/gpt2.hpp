@@ -72,10 +72,15 @@ class Gpt2 {
   // Copies the weights to `device` in the layout the forward pass wants.
   // Pass them with std::move when nothing else needs them: each is then
   // freed as soon as its copy exists (loaded and packed never coexist whole).
-  Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device);
+  // `dtype`: the weight matrices' storage (linear.hpp's WeightDtype: bfloat16
+  // halves the bytes each step streams; the math stays fp32, on the rounded
+  // weights).
+  Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device,
+       WeightDtype dtype = WeightDtype::kFloat32);
 
   const Gpt2Config& config() const { return config_; }
   torch::Device device() const { return device_; }
+  WeightDtype dtype() const { return dtype_; }
 
   // Logits [T, vocab] (fp32, on the model's device) for every position of `ids`.
   // Caller mistakes (no tokens, too many, ids outside the vocabulary, a full
@@ -125,6 +130,7 @@ class Gpt2 {
 
   Gpt2Config config_;
   torch::Device device_;
+  WeightDtype dtype_ = WeightDtype::kFloat32;
   // The LM head x @ wte^T; embed() reads token rows from it too (tied
   // weights, one copy of wte).
   Linear head_;

@@ -3,10 +3,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,22 +32,35 @@ std::string shape_str(const torch::Tensor& t) {
   return s + "]";
 }
 
-// Uninitialised fp32 [P, K, nr]. From 2 MiB up, in 2 MiB-aligned memory
-// advised for transparent huge pages: a decode step streams every weight
-// once, and with 4 KiB pages that is a TLB miss every 16 panel rows.
-torch::Tensor packed_buffer(int64_t P, int64_t K, int64_t nr) {
-  const size_t bytes = static_cast<size_t>(P * K * nr) * sizeof(float);
+// Uninitialised [P, K, nr] of `dtype`. From 2 MiB up, in 2 MiB-aligned
+// memory advised for transparent huge pages: a decode step streams every
+// weight once, and with 4 KiB pages that is a TLB miss every 16 panel rows.
+torch::Tensor packed_buffer(int64_t P, int64_t K, int64_t nr, torch::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(P * K * nr) * c10::elementSize(dtype);
   constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < kHuge) return at::empty({P, K, nr}, torch::kFloat32);
+  if (bytes < kHuge) return at::empty({P, K, nr}, dtype);
   const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
   void* mem = std::aligned_alloc(kHuge, rounded);
   if (!mem) throw std::bad_alloc();
   madvise(mem, rounded, MADV_HUGEPAGE);  // advice only: without THP this is plain memory
   return at::from_blob(
-      mem, {P, K, nr}, [](void* m) { std::free(m); }, torch::TensorOptions().dtype(torch::kFloat32));
+      mem, {P, K, nr}, [](void* m) { std::free(m); }, torch::TensorOptions().dtype(dtype));
 }
 
+// bfloat16's bits of v, rounded to nearest, ties to even (c10::BFloat16's rounding).
+uint16_t to_bf16_bits(float v) { return c10::BFloat16(v).x; }
+
 }  // namespace
+
+WeightDtype parse_weight_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return WeightDtype::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return WeightDtype::kBFloat16;
+  throw std::invalid_argument("--dtype '" + name + "': expected float32 or bfloat16");
+}
+
+const char* to_string(WeightDtype dtype) { return dtype == WeightDtype::kBFloat16 ? "bfloat16" : "float32"; }
+
+torch::Tensor round_to_bfloat16(const torch::Tensor& t) { return t.to(torch::kBFloat16).to(t.scalar_type()); }
 
 const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa) {
   switch (isa) {
@@ -62,29 +77,37 @@ const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa) {
 Linear::Linear(const torch::Tensor& weight, WeightLayout layout, bool pack)
     : Linear(weight, layout, pack ? kernel_isa() : CpuIsa::kPortable) {}
 
-Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa) : layout_(layout) {
+Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa)
+    : Linear(weight, layout, isa, WeightDtype::kFloat32) {}
+
+Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, WeightDtype dtype)
+    : layout_(layout), dtype_(dtype) {
   if (!weight.defined() || weight.dim() != 2) bad("Linear", "the weight must be a 2-D tensor");
   if (!cpu_supports(isa)) bad("Linear", why_unsupported(isa));
   in_ = weight.size(layout == WeightLayout::kInOut ? 0 : 1);
   out_ = weight.size(layout == WeightLayout::kInOut ? 1 : 0);
   if (weight.device().is_cpu() && weight.scalar_type() == torch::kFloat32) kernel_ = packed_gemm_kernel(isa);
   if (!kernel_) {
-    weight_ = weight.contiguous();
+    weight_ = dtype == WeightDtype::kBFloat16 ? round_to_bfloat16(weight).contiguous() : weight.contiguous();
     return;
   }
   isa_ = isa;
-  // packed[p][k][j] = W[k][p * nr + j], zero past the last column.
+  // packed[p][k][j] = W[k][p * nr + j], zero past the last column; as fp32,
+  // or as the bits of its bfloat16 rounding.
+  const bool bf16 = dtype == WeightDtype::kBFloat16;
   const int64_t nr = kernel_->nr;
   const int64_t P = (out_ + nr - 1) / nr, K = in_, N = out_;
-  weight_ = packed_buffer(P, K, nr);
-  float* dst = weight_.data_ptr<float>();
+  weight_ = packed_buffer(P, K, nr, bf16 ? torch::kBFloat16 : torch::kFloat32);
+  float* dst = bf16 ? nullptr : weight_.data_ptr<float>();
+  uint16_t* dst16 = bf16 ? reinterpret_cast<uint16_t*>(weight_.data_ptr<at::BFloat16>()) : nullptr;
   const torch::Tensor src = weight.contiguous();
   const float* s = src.data_ptr<float>();
   const bool in_out = layout == WeightLayout::kInOut;
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> panel(static_cast<size_t>(bf16 ? K * nr : 0));
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t ncols = std::min(nr, N - p * nr);
-      float* d = dst + p * K * nr;
+      float* d = bf16 ? panel.data() : dst + p * K * nr;
       if (ncols < nr)
         for (int64_t k = 0; k < K; ++k) std::fill_n(d + k * nr + ncols, nr - ncols, 0.0f);
       if (in_out) {
@@ -95,6 +118,7 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa) : l
           for (int64_t k = 0; k < K; ++k) d[k * nr + j] = row[k];
         }
       }
+      if (bf16) std::transform(d, d + K * nr, dst16 + p * K * nr, to_bf16_bits);
     }
   });
 }
@@ -128,11 +152,18 @@ void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in,
   const int64_t M = x.size(0), K = in_, N = out_, P = weight_.size(0);
   if (M == 0) return;
   const float* xp = x.data_ptr<float>();
-  const float* wp = weight_.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   const PackedGemmKernel& kernel = *kernel_;
   const int64_t per_panel = std::max<int64_t>(1, M * K * kernel.nr);
   const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / per_panel);
+  if (dtype_ == WeightDtype::kBFloat16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
+    at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+      kernel.run_bf16(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
+    });
+    return;
+  }
+  const float* wp = weight_.data_ptr<float>();
   at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
     kernel.run(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
   });
@@ -200,14 +231,25 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
   const int64_t nr = kernel_->nr;
   const torch::Tensor idx = ids.to(torch::kCPU, torch::kLong).contiguous();
   const int64_t T = idx.size(0), K = in_;
-  torch::Tensor e = at::empty({T, K}, weight_.options());
+  torch::Tensor e = at::empty({T, K}, weight_.options().dtype(torch::kFloat32));
   const int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
     if (ip[t] < 0 || ip[t] >= out_)
       bad("Linear::embedding",
           "id " + std::to_string(ip[t]) + " is outside [0, out = " + std::to_string(out_) + ")");
-  const float* wp = weight_.data_ptr<float>();
   float* ep = e.data_ptr<float>();
+  if (dtype_ == WeightDtype::kBFloat16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
+    for (int64_t t = 0; t < T; ++t) {
+      const uint16_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(src[k * nr]) << 16;
+        std::memcpy(ep + t * K + k, &bits, sizeof bits);
+      }
+    }
+    return e;
+  }
+  const float* wp = weight_.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     const float* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
     for (int64_t k = 0; k < K; ++k) ep[t * K + k] = src[k * nr];

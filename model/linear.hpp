@@ -17,6 +17,7 @@
 // CPU, or a Linear built with pack = false — keeps W as given and calls
 // at::addmm / at::addmv (GEMV for a single row), so other devices work.
 #include <cstdint>
+#include <string>
 
 #include <torch/types.h>
 
@@ -25,6 +26,17 @@
 namespace troupe::model {
 
 struct PackedGemmKernel;
+
+// The weights' storage (vLLM's --dtype names). bfloat16 halves the bytes a
+// step streams: the packed kernels widen each weight to fp32 in registers
+// and compute exactly as for fp32 weights equal to the rounded ones.
+enum class WeightDtype { kFloat32, kBFloat16 };
+// "float32" / "bfloat16" (also "fp32", "bf16"); std::invalid_argument otherwise.
+WeightDtype parse_weight_dtype(const std::string& name);
+const char* to_string(WeightDtype dtype);
+// `t` rounded to bfloat16 (to nearest, ties to even) and back to fp32: the
+// values a bfloat16 weight holds.
+torch::Tensor round_to_bfloat16(const torch::Tensor& t);
 
 // How the source tensor holds W.
 enum class WeightLayout {
@@ -53,10 +65,16 @@ class Linear {
   // view of) it for at::addmm. The source is not referenced after packing.
   // Throws std::invalid_argument when this CPU cannot run `isa`.
   Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa);
+  // The same with the weight stored as `dtype`: packed bfloat16 (half the
+  // bytes) where a packed kernel serves it; elsewhere fp32 rounded to
+  // bfloat16's values, so every variant computes the same function.
+  Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, WeightDtype dtype);
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   bool packed() const { return kernel_ != nullptr; }  // a packed kernel serves this weight
+  WeightDtype dtype() const { return dtype_; }
+  int64_t weight_bytes() const { return weight_.defined() ? weight_.nbytes() : 0; }  // as stored
   // The variant serving this weight: kPortable when it goes through BLAS.
   CpuIsa isa() const { return isa_; }
   torch::Device device() const;
@@ -82,8 +100,9 @@ class Linear {
   void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc, bool accumulate,
                   bool gelu = false) const;
 
-  torch::Tensor weight_;  // packed: [panels, in, nr] fp32; else the source as given, contiguous
+  torch::Tensor weight_;  // packed: [panels, in, nr] fp32 or bfloat16; else the source as given, contiguous
   WeightLayout layout_ = WeightLayout::kInOut;  // the source's layout (unpacked weight_ keeps it)
+  WeightDtype dtype_ = WeightDtype::kFloat32;
   int64_t in_ = 0, out_ = 0;
   CpuIsa isa_ = CpuIsa::kPortable;
   const PackedGemmKernel* kernel_ = nullptr;  // null: BLAS

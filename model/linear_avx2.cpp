@@ -52,8 +52,16 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // consecutive lines from pf into L2 (none when pf is null), spread evenly over
 // its kc / KS steps. `gelu`: the stored values go through gelu_tanh (on the
 // last chunk).
-template <int MR, int KS>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
+// 8 weights of a panel row as fp32: loaded, or widened from bfloat16 (its
+// bits are the upper half of an fp32's: zero-extend, shift left 16).
+inline __m256 load_w(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load_w(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int MR, int KS, typename W>
+void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias, int64_t ncols, float* c,
           int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
@@ -80,8 +88,8 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     }
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) {
-      const float* bk = b + (k + s) * kNr;
-      const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8);
+      const W* bk = b + (k + s) * kNr;
+      const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m256 ai = _mm256_broadcast_ss(a + i * lda + k + s);
@@ -91,8 +99,8 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     }
   }
   for (; k < kc; ++k) {
-    const float* bk = b + k * kNr;
-    const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8);
+    const W* bk = b + k * kNr;
+    const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 ai = _mm256_broadcast_ss(a + i * lda + k);
@@ -130,21 +138,24 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        bool, const char*, int64_t, bool);
-constexpr TileFn kTiles[kMr + 1] = {nullptr,    tile<1, 4>, tile<2, 2>, tile<3, 1>,
-                                    tile<4, 1>, tile<5, 1>, tile<6, 1>};
+template <typename W>
+using TileFn = void (*)(const float*, int64_t, const W*, int64_t, const float*, int64_t, float*, int64_t, bool,
+                        const char*, int64_t, bool);
+template <typename W>
+constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W>, tile<2, 2, W>, tile<3, 1, W>,
+                                       tile<4, 1, W>, tile<5, 1, W>, tile<6, 1, W>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
 
-void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
-         int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+template <typename W>
+void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c, int64_t ldc,
+         bool accumulate, bool gelu, int64_t p0, int64_t p1) {
   if (M <= kMr) {
     // One tile: no weight is reused, so no chunking either; each panel is
     // one contiguous stream, which the hardware prefetcher serves alone.
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;
-      kTiles[M](x, K, w + p * K * kNr, K, bias ? bias + col : nullptr, min64(kNr, N - col), c + col, ldc,
-                accumulate, nullptr, 0, gelu);
+      kTiles<W>[M](x, K, w + p * K * kNr, K, bias ? bias + col : nullptr, min64(kNr, N - col), c + col, ldc,
+                   accumulate, nullptr, 0, gelu);
     }
     return;
   }
@@ -155,9 +166,9 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
       const int64_t kc = min64(kKc, K - k0);
       const bool last = k0 + kc == K;
       for (int64_t p = p0; p < p1; ++p) {
-        const float* chunk = w + (p * K + k0) * kNr;
+        const W* chunk = w + (p * K + k0) * kNr;
         // The chunk after this one: the next panel's, else the first panel's next chunk.
-        const float* next = nullptr;
+        const W* next = nullptr;
         int64_t next_rows = 0;
         if (p + 1 < p1) {
           next = chunk + K * kNr;
@@ -167,16 +178,18 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
           next_rows = min64(kKc, K - k0 - kc);
         }
         const int64_t col = p * kNr, ncols = min64(kNr, N - col);
-        // Tiles share out the next chunk's lines (one per panel row) in equal
-        // parts, each spread over the tile's pass (see avx512's run()).
-        const int64_t share = (next_rows + tiles - 1) / tiles;
+        // Tiles share out the next chunk's lines (one per panel row of fp32,
+        // one per two of bfloat16) in equal parts, each spread over the
+        // tile's pass (see avx512's run()).
+        const int64_t next_lines = (next_rows * kNr * static_cast<int64_t>(sizeof(W)) + 63) / 64;
+        const int64_t share = (next_lines + tiles - 1) / tiles;
         for (int64_t i = 0, t = 0; i < mc; i += kMr, ++t) {
           const int64_t rows = min64(kMr, mc - i);
           const int64_t first = t * share,
-                        lines = next && kc >= kSplit[rows] ? min64(share, next_rows - first) : 0;
+                        lines = next && kc >= kSplit[rows] ? min64(share, next_lines - first) : 0;
           const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
-          kTiles[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
-                       c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
+          kTiles<W>[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
+                          c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
         }
       }
     }
@@ -185,6 +198,6 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
 
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run};
+const PackedGemmKernel kPackedGemm = {kNr, run<float>, run<uint16_t>};
 
 }  // namespace troupe::model::avx2

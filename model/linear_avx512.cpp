@@ -11,6 +11,10 @@
 // Nothing here may be an inline function or template shared with other
 // translation units (the linker would keep one copy, maybe this one, for
 // every caller): everything lives in namespace avx512.
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_epi32() as the unused
+// merge source of unmasked conversions and shifts, which -Wmaybe-uninitialized
+// reports once they are inlined (load_w's bfloat16 widening): a false alarm.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -43,8 +47,16 @@ inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 // is null), spread evenly over its kc steps: its share of the next chunk, so
 // the memory stream runs while the tiles compute, at an even pace.
 // `gelu`: the stored values go through gelu_tanh (on the last chunk).
-template <int MR>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* bias, int64_t ncols, float* c,
+// 16 weights of a panel row as fp32: loaded, or widened from bfloat16 (its
+// bits are the upper half of an fp32's: zero-extend, shift left 16).
+inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_w(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MR, typename W>
+void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias, int64_t ncols, float* c,
           int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
   __mmask16 mask[kNv];
 #pragma GCC unroll 4
@@ -60,9 +72,8 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     if (pf) {
       for (due += lines; due >= kc; due -= kc, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     }
-    const float* bk = b + k * kNr;
-    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16), b2 = _mm512_loadu_ps(bk + 32),
-                 b3 = _mm512_loadu_ps(bk + 48);
+    const W* bk = b + k * kNr;
+    const __m512 b0 = load_w(bk), b1 = load_w(bk + 16), b2 = load_w(bk + 32), b3 = load_w(bk + 48);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 ai = _mm512_set1_ps(a[i * lda + k]);
@@ -84,9 +95,12 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        bool, const char*, int64_t, bool);
-constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+template <typename W>
+using TileFn = void (*)(const float*, int64_t, const W*, int64_t, const float*, int64_t, float*, int64_t, bool,
+                        const char*, int64_t, bool);
+template <typename W>
+constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,      tile<1, W>, tile<2, W>, tile<3, W>,
+                                       tile<4, W>, tile<5, W>, tile<6, W>};
 
 // Per panel, chunk by chunk of kKc rows, every row tile passes over the chunk
 // while it sits in L2; the tiles share out the prefetch of the next chunk
@@ -95,28 +109,30 @@ constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>,
 // FMAs run. (Handing the whole chunk to the first tiles at a line or two per
 // k step instead, as before, sent the requests in bursts that stalled those
 // tiles: on the Xeon, one thread, M = 64 ran ~10% slower that way.)
-void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
-         int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+template <typename W>
+void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c, int64_t ldc,
+         bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16
   const int64_t tiles = (M + kMr - 1) / kMr;
   // One row alone is a plain stream, which the hardware prefetcher serves
   // better without help (measured).
   const bool prefetch = M >= 2;
   for (int64_t p = p0; p < p1; ++p) {
-    const float* panel = w + p * K * kNr;
+    const W* panel = w + p * K * kNr;
     const int64_t col = p * kNr, ncols = min64(kNr, N - col);
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t kc = min64(kKc, K - k0);
       const bool last = k0 + kc == K;
-      const float* next = !last ? panel + (k0 + kc) * kNr : p + 1 < p1 ? panel + K * kNr : nullptr;
+      const W* next = !last ? panel + (k0 + kc) * kNr : p + 1 < p1 ? panel + K * kNr : nullptr;
       const int64_t next_rows = !last ? min64(kKc, K - k0 - kc) : min64(kKc, K);
-      // The next chunk in cache lines (4 per row), an equal share per tile.
-      const int64_t next_lines = next ? next_rows * (kNr / 16) : 0, share = (next_lines + tiles - 1) / tiles;
+      // The next chunk in cache lines, an equal share per tile.
+      const int64_t next_lines = next ? next_rows * kLinesPerRow : 0, share = (next_lines + tiles - 1) / tiles;
       for (int64_t i = 0, t = 0; i < M; i += kMr, ++t) {
         const int64_t first = t * share, lines = prefetch ? min64(share, next_lines - first) : 0;
         const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
         const int64_t rows = min64(kMr, M - i);
-        kTiles[rows](x + i * K + k0, K, panel + k0 * kNr, kc, last && bias ? bias + col : nullptr, ncols,
-                     c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
+        kTiles<W>[rows](x + i * K + k0, K, panel + k0 * kNr, kc, last && bias ? bias + col : nullptr, ncols,
+                        c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
       }
     }
   }
@@ -124,6 +140,6 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const 
 
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run};
+const PackedGemmKernel kPackedGemm = {kNr, run<float>, run<uint16_t>};
 
 }  // namespace troupe::model::avx512

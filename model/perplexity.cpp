@@ -14,6 +14,8 @@
 namespace troupe::model {
 namespace {
 
+constexpr int64_t kPerplexityBlock = 16;  // tokens per KV block of the one-window pool
+
 void check(const PerplexityOptions& o) {
   if (o.context < 2) throw std::invalid_argument("--context must be >= 2, got " + std::to_string(o.context));
   if (o.stride < 1 || o.stride > o.context)
@@ -66,25 +68,22 @@ void add_window(PerplexityResult& r, const PerplexityWindow& w, const std::vecto
   ++r.windows;
 }
 
-PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>& ids,
-                                  const PerplexityOptions& options,
-                                  const std::function<void(int64_t, int64_t)>& progress) {
-  const int64_t n_positions = model.config().n_positions;
-  const PerplexityOptions o = with_defaults(options, n_positions);
-  if (o.context > n_positions)
-    throw std::invalid_argument("--context " + std::to_string(o.context) + " is past the model's " +
-                                std::to_string(n_positions) + " positions");
-  const std::vector<PerplexityWindow> windows = perplexity_windows(static_cast<int64_t>(ids.size()), o);
+namespace {
+
+// The windows of `ids` chunk by chunk as the serving engine's forward takes
+// them (forward_step over a paged pool of exactly one window, blocks in
+// order: slot = position): fn(batch, a, b) for each chunk, whose rows
+// batch.sample_rows score tokens [a + 1, b + 1) (none when a >= b: the chunk
+// only fills the K/V). Fills the counters of `r` but its nll; returns the
+// seconds taken.
+template <class Fn>
+double each_chunk(const std::vector<int32_t>& ids, const std::vector<PerplexityWindow>& windows,
+                  const PerplexityOptions& o, PerplexityResult& r, const std::function<void(int64_t, int64_t)>& progress,
+                  Fn fn) {
   torch::NoGradGuard no_grad;
   const auto t0 = std::chrono::steady_clock::now();
-  // The serving engine's forward (forward_step over a paged cache: its
-  // attention kernel, the LM head on the requested rows only), one window at a
-  // time in a pool of exactly one window, blocks in order: slot = position.
-  constexpr int64_t kBlock = 16;
-  const int64_t blocks = (o.context + kBlock - 1) / kBlock;
-  PagedKvCache cache(model.config(), blocks, kBlock, model.device());
+  const int64_t blocks = (o.context + kPerplexityBlock - 1) / kPerplexityBlock;
   const torch::Tensor table = torch::arange(blocks, torch::kInt).view({1, blocks});
-  PerplexityResult r;
   for (const PerplexityWindow& w : windows) {
     // Row p (the token at p) predicts the token at p + 1: rows
     // [score_from - 1, end - 1) score tokens [score_from, end).
@@ -100,22 +99,93 @@ PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>&
       batch.block_tables = table;
       for (int64_t p = a; p < b; ++p) batch.sample_rows.push_back(p - c0);
       if (batch.sample_rows.empty()) batch.sample_rows.push_back(T - 1);  // K/V only; its row goes unused
-      const torch::Tensor rows = model.forward_step(batch, cache, PagedAttention::kAuto);
-      if (a >= b) continue;
-      const torch::Tensor targets =
-          torch::tensor(std::vector<int64_t>(ids.begin() + a + 1, ids.begin() + b + 1), torch::kLong)
-              .to(rows.device())
-              .unsqueeze(1);
-      const torch::Tensor nll = torch::logsumexp(rows, 1) - rows.gather(1, targets).squeeze(1);
-      r.nll += nll.to(torch::kDouble).sum().item<double>();
-      r.scored += b - a;
+      fn(batch, a, b);
+      if (a < b) r.scored += b - a;
     }
     r.run += w.end - w.begin;
     ++r.windows;
     if (progress) progress(r.windows, static_cast<int64_t>(windows.size()));
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// -log p(target) of each row: logits [n, V], targets ids[a + 1, b + 1).
+torch::Tensor row_nll(const torch::Tensor& rows, const std::vector<int32_t>& ids, int64_t a, int64_t b) {
+  const torch::Tensor targets =
+      torch::tensor(std::vector<int64_t>(ids.begin() + a + 1, ids.begin() + b + 1), torch::kLong)
+          .to(rows.device())
+          .unsqueeze(1);
+  return torch::logsumexp(rows, 1) - rows.gather(1, targets).squeeze(1);
+}
+
+std::vector<PerplexityWindow> checked_windows(const Gpt2& model, const std::vector<int32_t>& ids,
+                                              const PerplexityOptions& o) {
+  const int64_t n_positions = model.config().n_positions;
+  if (o.context > n_positions)
+    throw std::invalid_argument("--context " + std::to_string(o.context) + " is past the model's " +
+                                std::to_string(n_positions) + " positions");
+  return perplexity_windows(static_cast<int64_t>(ids.size()), o);
+}
+
+}  // namespace
+
+PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>& ids,
+                                  const PerplexityOptions& options,
+                                  const std::function<void(int64_t, int64_t)>& progress) {
+  const PerplexityOptions o = with_defaults(options, model.config().n_positions);
+  const std::vector<PerplexityWindow> windows = checked_windows(model, ids, o);
+  // The serving engine's forward (its attention kernel, the LM head on the
+  // requested rows only).
+  PagedKvCache cache(model.config(), (o.context + kPerplexityBlock - 1) / kPerplexityBlock, kPerplexityBlock,
+                     model.device());
+  PerplexityResult r;
+  r.seconds = each_chunk(ids, windows, o, r, progress, [&](const FlatBatch& batch, int64_t a, int64_t b) {
+    const torch::Tensor rows = model.forward_step(batch, cache, PagedAttention::kAuto);
+    if (a < b) r.nll += row_nll(rows, ids, a, b).to(torch::kDouble).sum().item<double>();
+  });
   return r;
+}
+
+KlResult score_kl_divergence(const Gpt2& base, const Gpt2& model, const std::vector<int32_t>& ids,
+                             const PerplexityOptions& options,
+                             const std::function<void(int64_t, int64_t)>& progress) {
+  if (base.config().n_positions != model.config().n_positions || base.config().vocab_size != model.config().vocab_size)
+    throw std::invalid_argument("KL divergence: the two models differ in shape");
+  const PerplexityOptions o = with_defaults(options, model.config().n_positions);
+  const std::vector<PerplexityWindow> windows = checked_windows(model, ids, o);
+  const int64_t blocks = (o.context + kPerplexityBlock - 1) / kPerplexityBlock;
+  PagedKvCache base_cache(base.config(), blocks, kPerplexityBlock, base.device());
+  PagedKvCache cache(model.config(), blocks, kPerplexityBlock, model.device());
+  KlResult k;
+  std::vector<double> kl;
+  int64_t agree = 0;
+  k.model.seconds = each_chunk(ids, windows, o, k.model, progress, [&](const FlatBatch& batch, int64_t a, int64_t b) {
+    const torch::Tensor rb = base.forward_step(batch, base_cache, PagedAttention::kAuto).to(torch::kDouble);
+    const torch::Tensor rm = model.forward_step(batch, cache, PagedAttention::kAuto).to(torch::kDouble);
+    if (a >= b) return;
+    const torch::Tensor lb = torch::log_softmax(rb, 1), lm = torch::log_softmax(rm, 1);
+    // KL(P_base || P_model) per row, in nats.
+    const torch::Tensor d = (lb.exp() * (lb - lm)).sum(1).contiguous();
+    const double* dp = d.data_ptr<double>();
+    kl.insert(kl.end(), dp, dp + d.numel());
+    agree += rb.argmax(1).eq(rm.argmax(1)).sum().item<int64_t>();
+    k.base.nll += row_nll(rb, ids, a, b).sum().item<double>();
+    k.model.nll += row_nll(rm, ids, a, b).sum().item<double>();
+  });
+  k.base.scored = k.model.scored;
+  k.base.run = k.model.run;
+  k.base.windows = k.model.windows;
+  k.base.seconds = k.model.seconds;
+  if (!kl.empty()) {
+    double sum = 0;
+    for (double v : kl) sum += v;
+    k.kl_mean = sum / static_cast<double>(kl.size());
+    std::sort(kl.begin(), kl.end());
+    k.kl_p99 = kl[std::min(kl.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(kl.size())))];
+    k.kl_max = kl.back();
+    k.top1 = static_cast<double>(agree) / static_cast<double>(kl.size());
+  }
+  return k;
 }
 
 }  // namespace troupe::model

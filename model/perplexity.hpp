@@ -71,4 +71,21 @@ PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>&
                                   const PerplexityOptions& options,
                                   const std::function<void(int64_t, int64_t)>& progress = {});
 
+// How far `model` (say bfloat16 weights) is from `base` (the fp32 model) on
+// a text, as llama-perplexity --kl-divergence reports it: per scored token,
+// KL(P_base || P_model) of the next-token distributions, and whether their
+// most likely tokens agree.
+struct KlResult {
+  double kl_mean = 0, kl_p99 = 0, kl_max = 0;  // nats
+  double top1 = 0;                             // fraction of scored tokens with the same argmax
+  PerplexityResult base, model;                // each model's perplexity on the same windows
+};
+
+// Runs both models over the same windows (each with its own paged pool).
+// Throws std::invalid_argument as score_perplexity does, or when the
+// models' shapes differ.
+KlResult score_kl_divergence(const Gpt2& base, const Gpt2& model, const std::vector<int32_t>& ids,
+                             const PerplexityOptions& options,
+                             const std::function<void(int64_t, int64_t)>& progress = {});
+
 }  // namespace troupe::model

@@ -368,6 +368,7 @@ Register get_register(const Fields& f) {
       i.fingerprint = w.req("fingerprint", get_u64);
       w.opt("kv_bytes", i.kv_bytes, get_int<int64_t>);
       w.opt("cost", i.cost, get_str);
+      w.opt("dtype", i.dtype, get_str);
       return i;
     });
   });

@@ -251,7 +251,8 @@ struct Encoder {
     w.value("workers");
     w.array(m.workers.size());
     for (const auto& i : m.workers) {
-      w.map(8 + (i.kv_bytes != 0) + !i.cost.empty());
+      const bool dtype = i.dtype != "float32";  // absent: float32, what a node before --dtype ran
+      w.map(8 + (i.kv_bytes != 0) + !i.cost.empty() + dtype);
       w.kv("index", i.index);
       w.kv("device", i.device);
       w.kv("num_blocks", i.num_blocks);
@@ -262,6 +263,7 @@ struct Encoder {
       w.kv("fingerprint", i.fingerprint);
       if (i.kv_bytes != 0) w.kv("kv_bytes", i.kv_bytes);
       if (!i.cost.empty()) w.kv("cost", i.cost);
+      if (dtype) w.kv("dtype", i.dtype);
     }
   }
   void operator()(const Registered& m) {

@@ -137,6 +137,7 @@ ordered_json CostProfile::to_json() const {
   j["version"] = kVersion;
   j["created"] = created;
   j["device"] = device;
+  j["dtype"] = dtype;
   j["processor"] = processor;
   j["threads"] = threads;
   j["thread_summary"] = thread_summary;
@@ -174,6 +175,7 @@ CostProfile CostProfile::from_json(const json& j) {
   CostProfile p;
   p.created = get<std::string>(j, "created");
   p.device = get<std::string>(j, "device");
+  if (j.contains("dtype")) p.dtype = get<std::string>(j, "dtype");  // absent: a profile from before --dtype
   p.processor = get<std::string>(j, "processor");
   p.threads = get<int32_t>(j, "threads");
   p.thread_summary = get<std::string>(j, "thread_summary");

@@ -451,7 +451,25 @@ TEST(Cli, PerplexityJsonIsConsistentAndIndependentOfTheChunkSize) {
   EXPECT_EQ(half["windows"].get<int64_t>(), n / 64);
   EXPECT_EQ(half["tokens_scored"].get<int64_t>(), (n / 64) * (64 - 64 / 2 - 1));
 
-  auto r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --context 4096"));
+  // bfloat16 weights: their own perplexity, and --kl-divergence against float32.
+  const json bf = run_json(base + " --context 64 --stride 32 --dtype bfloat16");
+  EXPECT_NE(bf["ppl"].get<double>(), a["ppl"].get<double>()) << "rounded weights are another model";
+  EXPECT_NEAR(bf["ppl"].get<double>(), a["ppl"].get<double>(), 0.02 * a["ppl"].get<double>());
+  const json kl = run_json(base + " --context 64 --stride 32 --dtype bfloat16 --kl-divergence");
+  EXPECT_EQ(kl["dtype"], "bfloat16");
+  EXPECT_GT(kl["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(kl["kl_mean"].get<double>(), 0.01);
+  EXPECT_GE(kl["kl_p99"].get<double>(), kl["kl_mean"].get<double>());
+  EXPECT_GE(kl["kl_max"].get<double>(), kl["kl_p99"].get<double>());
+  EXPECT_GT(kl["top1_agreement"].get<double>(), 0.8);
+  EXPECT_EQ(kl["tokens_scored"], a["tokens_scored"]);
+  EXPECT_NEAR(kl["ppl_float32"].get<double>(), a["ppl"].get<double>(), 1e-6 * a["ppl"].get<double>());
+  EXPECT_NEAR(kl["ppl"].get<double>(), bf["ppl"].get<double>(), 1e-6 * bf["ppl"].get<double>());
+
+  auto r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --kl-divergence"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("give --dtype bfloat16"), std::string::npos) << r.output;
+  r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --context 4096"));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--context 4096 is past the model's 128 positions"), std::string::npos) << r.output;
   r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(dir.file("missing.txt"))));

@@ -651,6 +651,35 @@ TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
   EXPECT_EQ(emu->wait(seconds(60)), std::optional<int>(0)) << emu->log();
 }
 
+// --dtype: a node whose weights are stored otherwise than the head's is
+// refused (it says why and exits) unless the head allows mixed dtypes; a
+// bfloat16 node serves a bfloat16 head's jobs as the same model run here.
+TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
+  TempDir dir;
+  {
+    Head head(dir, "head", {"--workers", "0"});
+    auto node = start_worker(dir, head, "bf", {"--dtype", "bfloat16"});
+    EXPECT_NE(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
+    EXPECT_NE(node->log().find("--dtype bfloat16, the head float32"), std::string::npos) << node->log();
+  }
+  const std::string jobs = dir.file("jobs.jsonl");
+  write_jobs(jobs, 6, 8, 3);
+  auto r = run_command(shell_quote(bin()) + " batch --quiet --dtype bfloat16 --model " + shell_quote(tiny_model_dir()) +
+                       " --input " + shell_quote(jobs) + " --output " + shell_quote(dir.file("ref.jsonl")) +
+                       " --num-blocks 512");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::map<int, json> ref;
+  for (const auto& j : read_jsonl(dir.file("ref.jsonl"))) ref[j["id"].get<int>()] = j;
+  Head mixed(dir, "mixed", {"--workers", "0", "--allow-mixed-dtypes"});
+  auto node = start_worker(dir, mixed, "bf2", {"--dtype", "bfloat16"});
+  ASSERT_TRUE(mixed.wait_workers(1)) << mixed.proc->log() << node->log();
+  auto submit = start_submit(dir, mixed, jobs, dir.file("out.jsonl"));
+  ASSERT_EQ(submit->wait(seconds(300)), std::optional<int>(0)) << submit->log();
+  expect_same_tokens(ref, read_jsonl(dir.file("out.jsonl")), 6);
+  node->signal(SIGTERM);
+  EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
+}
+
 TEST(EmulatedWorker, PromptScoresAreAnsweredAndTheirRowsCharged) {
   cluster::EmulatedWorkerConfig config;
   config.cost.knots = {1, 64};

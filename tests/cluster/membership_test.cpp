@@ -212,3 +212,34 @@ TEST(Membership, ADrainedNodeIsForgottenWithItsLastWorker) {
 
 }  // namespace
 }  // namespace troupe::cluster
+
+namespace troupe::cluster {
+namespace {
+
+// A worker must run the head's --dtype (a request's tokens would otherwise
+// depend on where it lands) unless the head allows mixed dtypes.
+TEST(Membership, AWorkerOfAnotherDtypeIsRefusedUnlessMixedDtypesAreAllowed) {
+  Membership m(options(), 1);
+  const auto now = Clock::now();
+  transport::Register bf16 = node("bf", 1);
+  bf16.workers[0].dtype = "bfloat16";
+  const Membership::Refusal no = refusal(m.on_register("peer-bf", bf16, now));
+  EXPECT_NE(no.reply.reason.find("--dtype bfloat16, the head float32"), std::string::npos) << no.reply.reason;
+  EXPECT_NE(no.reply.reason.find("--allow-mixed-dtypes"), std::string::npos);
+  EXPECT_EQ(joined(m.on_register("peer-fp", node("fp", 1), now)).workers.size(), 1u);
+
+  MembershipOptions mixed = options();
+  mixed.allow_mixed_dtypes = true;
+  Membership lenient(mixed, 1);
+  const Membership::Joined j = joined(lenient.on_register("peer-bf", bf16, now));
+  ASSERT_EQ(j.workers.size(), 1u);
+  EXPECT_EQ(j.workers[0].info.dtype, "bfloat16");
+  MembershipOptions head_bf16 = options();
+  head_bf16.dtype = "bfloat16";
+  Membership bf_head(head_bf16, 1);
+  EXPECT_EQ(joined(bf_head.on_register("peer-bf", bf16, now)).workers.size(), 1u);
+  refusal(bf_head.on_register("peer-fp", node("fp", 1), now));
+}
+
+}  // namespace
+}  // namespace troupe::cluster

@@ -218,6 +218,37 @@ TEST_P(Gpt2Test, FullAndContiguousRejectBadInput) {
   EXPECT_EQ(kv.length, 4);
 }
 
+// bfloat16 weights: the model computes exactly what an fp32 model of the
+// rounded matrices computes (wte, wpe and every projection rounded; the
+// norms' and biases' vectors kept), in every way it runs.
+TEST(Gpt2Bfloat16, EqualsTheFp32ModelOfTheRoundedWeights) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  const Gpt2Weights w = Gpt2Weights::random(cfg, 21);
+  Gpt2Weights rounded = w;
+  rounded.wte = round_to_bfloat16(w.wte);
+  rounded.wpe = round_to_bfloat16(w.wpe);
+  for (LayerWeights& l : rounded.layers) {
+    l.attn_c_attn_weight = round_to_bfloat16(l.attn_c_attn_weight);
+    l.attn_c_proj_weight = round_to_bfloat16(l.attn_c_proj_weight);
+    l.mlp_c_fc_weight = round_to_bfloat16(l.mlp_c_fc_weight);
+    l.mlp_c_proj_weight = round_to_bfloat16(l.mlp_c_proj_weight);
+  }
+  const Gpt2 bf16(cfg, w, torch::kCPU, WeightDtype::kBFloat16);
+  const Gpt2 ref(cfg, rounded, torch::kCPU);
+  const Gpt2 fp32(cfg, w, torch::kCPU);
+  EXPECT_EQ(bf16.dtype(), WeightDtype::kBFloat16);
+  const std::vector<int32_t> ids = {464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13};
+  const torch::Tensor a = bf16.forward_full(ids), b = ref.forward_full(ids);
+  EXPECT_TRUE(at::equal(a, b));
+  auto cache = bf16.make_contiguous_cache(16);
+  auto cache_ref = ref.make_contiguous_cache(16);
+  EXPECT_TRUE(at::equal(bf16.forward_contiguous(ids, cache), ref.forward_contiguous(ids, cache_ref)));
+  // ... and it is a different model from the fp32 one, close to it.
+  const torch::Tensor c = fp32.forward_full(ids);
+  EXPECT_FALSE(at::equal(a, c));
+  EXPECT_LT((a - c).abs().max().item<float>(), 0.05f * c.abs().max().item<float>());
+}
+
 TEST(Gpt2Construct, RejectsWeightsOfAnotherShape) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");
   Gpt2Weights w = Gpt2Weights::random(cfg, 1);

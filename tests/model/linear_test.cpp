@@ -308,6 +308,56 @@ TEST_P(LinearVariant, EmbeddingReadsRowsOfTheOutInMatrix) {
   EXPECT_THROW(head.embedding(at::zeros({2, 2}, torch::kLong)), std::invalid_argument);
 }
 
+// bfloat16 weights: half the bytes, and the very same function as fp32
+// weights equal to the rounded ones (widened in registers, the same FMAs in
+// the same order): equal bits, for every shape, activation, accumulation and
+// layout, and the embedding rows are the rounded ones.
+TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  at::manual_seed(9);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const torch::Tensor rounded = round_to_bfloat16(w);
+    const Linear bf16(w, WeightLayout::kInOut, isa, WeightDtype::kBFloat16);
+    const Linear ref(rounded, WeightLayout::kInOut, isa);
+    EXPECT_EQ(bf16.dtype(), WeightDtype::kBFloat16);
+    EXPECT_EQ(bf16.packed(), ref.packed());
+    EXPECT_TRUE(at::equal(bf16.forward(x, b), ref.forward(x, b)));
+    EXPECT_TRUE(at::equal(bf16.forward(x, b, Activation::kGeluTanh), ref.forward(x, b, Activation::kGeluTanh)));
+    torch::Tensor acc = at::randn({c.m, c.n}), acc_ref = acc.clone();
+    bf16.forward_add_(acc, x, b);
+    ref.forward_add_(acc_ref, x, b);
+    EXPECT_TRUE(at::equal(acc, acc_ref));
+    const Linear out_in(w.t().contiguous(), WeightLayout::kOutIn, isa, WeightDtype::kBFloat16);
+    const Linear out_in_ref(rounded.t().contiguous(), WeightLayout::kOutIn, isa);
+    EXPECT_TRUE(at::equal(out_in.forward(x), out_in_ref.forward(x)));
+    if (bf16.packed()) {
+      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16;
+      EXPECT_EQ(bf16.weight_bytes(), (c.n + nr - 1) / nr * nr * c.k * 2) << "two bytes a weight";
+    }
+  }
+  const torch::Tensor wte = at::randn({131, 40});
+  const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+  EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kBFloat16).embedding(ids),
+                        round_to_bfloat16(wte).index_select(0, ids)));
+}
+
+TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
+  // 1 + 2^-8 lies halfway between bfloat16's 1 and 1 + 2^-7: ties go to even (1).
+  const torch::Tensor t = torch::tensor(std::vector<float>{1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f});
+  const torch::Tensor r = round_to_bfloat16(t);
+  EXPECT_EQ(r[0].item<float>(), 1.0f);
+  EXPECT_EQ(r[1].item<float>(), 1.0f + 4.0f / 256);
+  EXPECT_EQ(r[2].item<float>(), -2.5f);
+  EXPECT_EQ(parse_weight_dtype("bfloat16"), WeightDtype::kBFloat16);
+  EXPECT_EQ(parse_weight_dtype("bf16"), WeightDtype::kBFloat16);
+  EXPECT_EQ(parse_weight_dtype("float32"), WeightDtype::kFloat32);
+  EXPECT_THROW(parse_weight_dtype("int8"), std::invalid_argument);
+  EXPECT_STREQ(to_string(WeightDtype::kBFloat16), "bfloat16");
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, LinearVariant, ::testing::ValuesIn(all_isas()), test::isa_name);
 
 }  // namespace

@@ -117,6 +117,15 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   EXPECT_EQ(p.new_seqs[1].sampling.prompt_logprobs, -1);
 }
 
+TEST(ProtocolRoundTrip, AWorkersDtypeTravelsAndDefaultsToFloat32) {
+  auto reg = std::get<Register>(decode_ok(encode(test::sample_messages()[10])));
+  ASSERT_EQ(reg.workers.size(), 2u);
+  EXPECT_EQ(reg.workers[0].dtype, "float32");
+  EXPECT_EQ(reg.workers[1].dtype, "bfloat16");
+  EXPECT_EQ(encode(test::sample_messages()[10]).find("float32"), std::string::npos)
+      << "float32 is the default: not written (what a node from before --dtype sends)";
+}
+
 TEST(ProtocolRoundTrip, PromptLogprobsCarryThePromptsIds) {
   auto all = test::sample_messages();
   EXPECT_EQ(std::get<Submit>(decode_ok(encode(all[0]))).prompt_logprobs, 4);

@@ -209,6 +209,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
 
   prof.created = utc_now();
   prof.device = gpt.device().str();
+  prof.dtype = model::to_string(gpt.dtype());
   prof.processor = gpt.device().is_cpu() ? core::cpu_model_name() : gpt.device().str();
   prof.threads = at::get_num_threads();
   prof.thread_summary = model::thread_summary();
