@@ -3,7 +3,8 @@
 // this one run, per kernel variant (cpu_features.hpp):
 //  1. A batch-1 decode step (context 64) vs the memory floor: the bytes of
 //     every weight a decode step reads, divided by the streaming read
-//     bandwidth measured here. Target: step <= 1.1x floor.
+//     bandwidth measured here. Target: step <= 1.1x floor. With --dtype
+//     bfloat16 the model's matrices are bfloat16 and the floor is of their bytes.
 //  2. The prefill of one 512-token prompt and a decode step of 64 sequences
 //     (context 128 each), in GFLOP/s as a share of the variant's FMA peak
 //     (independent register FMAs on every thread, that variant's ISA).
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   ThreadOptions threads;
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
+  WeightDtype dtype = WeightDtype::kFloat32;
   std::vector<CpuIsa> isas;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -71,9 +73,11 @@ int main(int argc, char** argv) {
       isas = troupe::bench::parse_variants(argv[++i]);
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc)
       profile = argv[++i];
+    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc)
+      dtype = parse_weight_dtype(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
+                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16]\n"
                    "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }
@@ -83,14 +87,15 @@ int main(int argc, char** argv) {
 
   const Gpt2Config cfg = Gpt2Config::preset("gpt2");
   const Gpt2Weights weights = Gpt2Weights::random(cfg, 1);
-  std::printf("bench_limits: GPT-2 124M shape, fp32, random weights\n%s\n", bench::machine_line().c_str());
+  std::printf("bench_limits: GPT-2 124M shape, %s weights (fp32 math), random\n%s\n", to_string(dtype),
+              bench::machine_line().c_str());
 
   std::vector<Variant> vs;
   for (CpuIsa isa : isas) {
     ScopedKernelIsa scope(isa);
     Variant v;
     v.isa = isa;
-    v.model = std::make_unique<Gpt2>(cfg, weights, torch::kCPU);
+    v.model = std::make_unique<Gpt2>(cfg, weights, torch::kCPU, dtype);
     vs.push_back(std::move(v));
   }
   const FlatBatch decode1 = bench::step_batch(1, 1, 64), prefill = bench::step_batch(1, 512, 512),
@@ -134,12 +139,19 @@ int main(int argc, char** argv) {
       v.decode64.push_back(d64_ms);
     }
   }
-  const bench::StepWork wp = bench::step_work(cfg, 1, 512, 512), wd = bench::step_work(cfg, 64, 1, 128);
-  const double floor_ms = wd.weight_bytes / (read_gbs * 1e9) * 1e3;
+  bench::StepWork wp = bench::step_work(cfg, 1, 512, 512), wd = bench::step_work(cfg, 64, 1, 128);
+  // bfloat16 halves the matrices' bytes; the fp32 vectors (norms, biases:
+  // ~0.1% of them) are counted at half too.
+  if (dtype == WeightDtype::kBFloat16) {
+    wp.weight_bytes /= 2;
+    wd.weight_bytes /= 2;
+  }
+  const double weight_bytes = wd.weight_bytes;
+  const double floor_ms = weight_bytes / (read_gbs * 1e9) * 1e3;
   std::printf(
       "streaming read (best of the rounds): %.1f GB/s; weights %.1f MB -> memory floor %.2f ms per "
       "decode step\n",
-      read_gbs, wd.weight_bytes * 1e-6, floor_ms);
+      read_gbs, weight_bytes * 1e-6, floor_ms);
   for (const auto& v : vs)
     std::printf("FMA peak (best of the rounds), %s instructions, %d threads: %.1f GFLOP/s\n", to_string(v.isa),
                 at::get_num_threads(), v.peak);
