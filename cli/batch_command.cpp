@@ -43,9 +43,7 @@ struct BatchFlags {
 struct Job {
   json id;                    // echoed back as given (line number when absent)
   std::optional<core::Request> request;
-  std::vector<std::string> stop;
-  bool logprobs = false;
-  JobLine line;                                 // echo, prompt_logprobs
+  JobLine line;                                 // the job as read (stop strings, logprobs, echo, ...)
   std::vector<core::SampledToken> prompt_scores;  // prompt logprobs as they come
   json output;                // the finished output line
   bool done = false;
@@ -113,11 +111,13 @@ int run_batch(const BatchFlags& f) {
       auto admitted = actors::admit_job(submit, dir.tokenizer, router_options);
       if (auto* rej = std::get_if<actors::Rejected>(&admitted)) throw std::invalid_argument(rej->message);
       core::Request r = std::move(std::get<core::Request>(admitted));
-      job.logprobs = submit.logprobs >= 0;
-      job.stop = submit.stop;
       r.id = jobs.size();
-      if (auto err = engine.submit(r, job.stop)) throw std::invalid_argument(*err);
-      if (!job.line.echo && job.line.prompt_logprobs < 0) r.prompt_ids.clear();  // kept only for the output
+      if (auto err = engine.submit(r, submit.stop)) throw std::invalid_argument(*err);
+      // Kept only for the output: the prompt's ids (in the request) when the
+      // output shows the prompt, its text when an echo does.
+      if (!job.line.echo && job.line.prompt_logprobs < 0) r.prompt_ids.clear();
+      job.line.job.prompt_ids.reset();
+      if (!job.line.echo) job.line.job.prompt.reset();
       job.request = std::move(r);
     } catch (const std::exception& e) {
       job.output = json{{"id", job.id}, {"error", e.what()}};
@@ -147,7 +147,7 @@ int run_batch(const BatchFlags& f) {
         continue;
       }
       if (!ev.finished()) {
-        if (job.logprobs) {
+        if (job.line.job.logprobs >= 0) {
           json top = json::array();
           for (const auto& [id, p] : ev.top_logprobs) top.push_back({id, p});
           job.output["logprobs"].push_back({{"id", ev.token_id}, {"logprob", ev.logprob}, {"top", top}});
@@ -166,7 +166,7 @@ int run_batch(const BatchFlags& f) {
         o["error"] = ev.error;
         ++failed;
       }
-      if (job.logprobs)  // none generated (max_tokens 0): no token's logprobs came
+      if (job.line.job.logprobs >= 0)  // none generated (max_tokens 0): no token's logprobs came
         o["logprobs"] = job.output.is_object() ? job.output.value("logprobs", json::array()) : json::array();
       if (job.line.echo || job.line.prompt_logprobs >= 0) {
         const auto& ids = job.request->prompt_ids;

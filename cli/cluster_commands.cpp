@@ -112,15 +112,7 @@ int run_worker(WorkerFlags f) {
   if (!f.devices.empty()) n.devices = split_list(f.devices);
   n.drain_timeout = std::chrono::seconds(f.drain_timeout_s);
   n.join_timeout = std::chrono::seconds(f.join_timeout_s);
-  if (f.secret_key.empty() != f.server_key.empty()) {
-    throw std::invalid_argument(
-        "CurveZMQ needs both --curve-secret-key (this node's keys) and --curve-server-key");
-  }
-  if (!f.secret_key.empty()) {
-    const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
-    n.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key,
-                                         transport::load_public_key(f.server_key)};
-  }
+  n.curve = transport::client_keys(f.secret_key, f.server_key);
   return cluster::run_node(n);
 }
 

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "actors/router/router_core.hpp"
+
 namespace troupe::cli {
 namespace {
 
@@ -155,10 +157,7 @@ JobLine parse_job_line(const json& j) {
         j, "repetition_penalty", [](float x) { return x > 0 && x <= core::kMaxRepetitionPenalty; },
         "a number in (0, 10]");
   if (j.contains("priority")) r.priority = get_int<int32_t>(j, "priority");
-  // The engine scores the prompt for prompt_logprobs, for echo's logprobs,
-  // and for an echo that generates nothing.
-  r.prompt_logprobs = std::max(line.prompt_logprobs, line.echo && r.logprobs >= 0 ? r.logprobs : -1);
-  if (line.echo && r.max_tokens == 0) r.prompt_logprobs = std::max(r.prompt_logprobs, 0);
+  r.prompt_logprobs = actors::engine_prompt_logprobs(r, line.echo, line.prompt_logprobs);
   return line;
 }
 

@@ -75,12 +75,7 @@ model::PerplexityResult score_remotely(const PerplexityFlags& f, const std::vect
   if (!f.to.empty()) {
     cluster::ClientOptions co;
     co.endpoint = f.to;
-    if (f.server_key.empty() != f.secret_key.empty())
-      throw std::invalid_argument("CurveZMQ needs both --curve-server-key and --curve-secret-key");
-    if (!f.server_key.empty()) {
-      const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
-      co.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key, transport::load_public_key(f.server_key)};
-    }
+    co.curve = transport::client_keys(f.secret_key, f.server_key);
     lp = cluster::score_windows(co, jobs, rs);
   } else {
     lp = cluster::score_windows_http(f.base_url, f.api_key, f.served_model, jobs, rs);

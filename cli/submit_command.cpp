@@ -44,14 +44,7 @@ void add_client_flags(CLI::App* sub, ClientFlags& f) {
 cluster::ClientOptions client_options(const ClientFlags& f) {
   cluster::ClientOptions o;
   o.endpoint = f.to;
-  if (f.server_key.empty() != f.secret_key.empty()) {
-    throw std::invalid_argument("CurveZMQ needs both --curve-server-key and --curve-secret-key");
-  }
-  if (!f.server_key.empty()) {
-    const transport::KeyPair mine = transport::read_secret_key_file(f.secret_key);
-    o.curve = transport::CurveClientKeys{mine.public_key, mine.secret_key,
-                                         transport::load_public_key(f.server_key)};
-  }
+  o.curve = transport::client_keys(f.secret_key, f.server_key);
   return o;
 }
 
@@ -73,10 +66,8 @@ struct Outcome {
   std::string text;
   std::vector<int32_t> ids;
   json logprobs = json::array();
-  JobLine job;  // echo, prompt_logprobs
-  std::vector<int32_t> prompt_ids;
-  std::string prompt_text;
-  std::vector<core::SampledToken> prompt_scores;
+  JobLine job;              // echo, prompt_logprobs
+  transport::Tokens prompt;  // a job with prompt_logprobs: the router's Tokens with its prompt and scores
   std::optional<transport::Finished> finished;
   std::optional<std::string> error;  // rejected, or failed before finishing
   int busy_retries = 0;
@@ -100,17 +91,14 @@ struct Outcome {
     if (client_ttft_ms >= 0) o["timings"]["client_ttft_ms"] = client_ttft_ms;
     if (finished->finish_reason == core::FinishReason::kError) o["error"] = finished->error;
     if (!logprobs.empty()) o["logprobs"] = logprobs;
-    if (job.echo || job.prompt_logprobs >= 0) add_prompt_output(o, job, prompt_ids, prompt_text, prompt_scores);
+    if (job.echo || job.prompt_logprobs >= 0)
+      add_prompt_output(o, job, prompt.prompt_ids, prompt.prompt_text, prompt.prompt_logprobs);
     return o;
   }
   // Applies one message about this job; true when it is the last one.
   bool apply(const transport::Message& m) {
     if (auto* t = std::get_if<transport::Tokens>(&m)) {
-      if (!t->prompt_ids.empty()) {
-        prompt_ids = t->prompt_ids;
-        prompt_text = t->prompt_text;
-        prompt_scores = t->prompt_logprobs;
-      }
+      if (!t->prompt_ids.empty()) prompt = *t;
       text += t->text;
       ids.insert(ids.end(), t->ids.begin(), t->ids.end());
       for (size_t i = 0; i < t->logprobs.size() && i < t->ids.size(); ++i) {

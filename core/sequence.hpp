@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/request.hpp"
+#include "core/step_plan.hpp"
 
 namespace troupe::core {
 
@@ -100,8 +101,7 @@ struct Sequence {
   }
   // Of the rows [start, start + n), those whose logits score a prompt token.
   int32_t score_rows(int32_t start, int32_t n) const {
-    if (request.sampling.prompt_logprobs < 0) return 0;
-    return std::max(0, std::min(start + n, num_prompt - 1) - start);
+    return request.sampling.prompt_logprobs < 0 ? 0 : prompt_rows_scored(start, n, num_prompt);
   }
 };
 

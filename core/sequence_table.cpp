@@ -339,9 +339,8 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     }
     c.score_ids.clear();
     if (en.sampling.prompt_logprobs >= 0) {
-      // Row p scores the prompt token at p + 1, while that is a prompt token.
-      const int64_t last = std::min(end, static_cast<int64_t>(en.num_prompt) - 1);
-      if (w.start_pos < last) c.score_ids.assign(en.tokens.begin() + w.start_pos + 1, en.tokens.begin() + last + 1);
+      const auto from = en.tokens.begin() + w.start_pos + 1;
+      c.score_ids.assign(from, from + prompt_rows_scored(w.start_pos, w.num_tokens, en.num_prompt));
     }
   }
   step.chunks.resize(n_chunks);

@@ -12,6 +12,7 @@
 // A worker applies a plan in order: forget `drop`, learn `new_seqs`, then run
 // `work` as one forward pass; the result brings back one token per sampling
 // work item. Plain data, no torch: it crosses actors and the wire.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,15 @@ struct SeqWork {
   // on the wire (a worker finds them from the prompt it holds).
   int32_t score_rows = 0;
 };
+
+// Of a chunk's rows [start, start + n) of a sequence whose prompt has
+// num_prompt tokens, how many score a prompt token (prompt_logprobs): row p
+// scores the token at p + 1 while that is a prompt token, so rows [start,
+// start + this). The scheduler counts them (SeqWork::score_rows); the worker
+// runs the LM head on them (SeqChunk::score_ids).
+inline int32_t prompt_rows_scored(int32_t start, int32_t n, int32_t num_prompt) {
+  return std::max(0, std::min(start + n, num_prompt - 1) - start);
+}
 
 struct StepPlan {
   uint64_t step_id = 0;               // increases by one per plan of one scheduler

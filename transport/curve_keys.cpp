@@ -182,4 +182,12 @@ std::string load_public_key(const std::string& key_or_path) {
   return keys[0];
 }
 
+std::optional<CurveClientKeys> client_keys(const std::string& secret_key_file, const std::string& server_key) {
+  if (secret_key_file.empty() != server_key.empty())
+    throw std::invalid_argument("CurveZMQ needs both --curve-secret-key (this client's keys) and --curve-server-key");
+  if (secret_key_file.empty()) return std::nullopt;
+  const KeyPair mine = read_secret_key_file(secret_key_file);
+  return CurveClientKeys{mine.public_key, mine.secret_key, load_public_key(server_key)};
+}
+
 }  // namespace troupe::transport

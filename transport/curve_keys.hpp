@@ -12,9 +12,12 @@
 // keys is such lines (or bare keys), one per line, `#` starting a comment
 // line. Secret key files are written with mode 0600 and refused when group
 // or others may read them (as ssh refuses a private key).
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "transport/socket_options.hpp"
 
 namespace troupe::transport {
 
@@ -52,5 +55,11 @@ std::vector<std::string> read_public_keys(const std::string& path);
 // A public key given on the command line: the key itself (40 Z85
 // characters) or a file holding exactly one. Throws std::runtime_error.
 std::string load_public_key(const std::string& key_or_path);
+
+// A CurveZMQ client's keys from its two flags: its secret key file and the
+// server's public key (or its .pub file). Both empty: nullopt (plaintext).
+// Throws std::invalid_argument when only one is given (the message names
+// both flags), and what the two readers above throw.
+std::optional<CurveClientKeys> client_keys(const std::string& secret_key_file, const std::string& server_key);
 
 }  // namespace troupe::transport

@@ -42,6 +42,12 @@ RouterCore::RouterCore(const model::Tokenizer& tokenizer, const RouterOptions& o
 
 RouterCore::~RouterCore() = default;
 
+int32_t engine_prompt_logprobs(const Job& job, bool echo, int32_t prompt_logprobs) {
+  int32_t k = std::max(prompt_logprobs, echo && job.logprobs >= 0 ? job.logprobs : -1);
+  if (echo && job.max_tokens == 0) k = std::max(k, 0);
+  return k;
+}
+
 std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tokenizer& tokenizer_,
                                                 const RouterOptions& options_) {
   auto invalid = [&](const std::string& m) { return Rejected{job.tag, RejectCode::kInvalid, m}; };

@@ -109,6 +109,13 @@ struct RouterOutput {
 // Checks and tokenizes a job: the request to run (id unset; seed as the job
 // gave it), or why not. The one validation of a job, for every front and
 // for `troupe batch`.
+// The prompt_logprobs a front's job asks the engine for, given OpenAI's
+// `echo` and vLLM's `prompt_logprobs` (-1 = not asked): those, echo's
+// `logprobs` when it has them, and at least 0 for an echo that generates
+// nothing (the prompt is its whole answer). An echo without logprobs that
+// generates needs no scores: the front shows the prompt's text itself.
+int32_t engine_prompt_logprobs(const Job& job, bool echo, int32_t prompt_logprobs);
+
 std::variant<core::Request, Rejected> admit_job(const Job& job, const model::Tokenizer& tokenizer,
                                                 const RouterOptions& options);
 

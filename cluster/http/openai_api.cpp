@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "actors/router/router_core.hpp"
 #include "cluster/http/json_input.hpp"
 #include "core/splitmix.hpp"
 #include "model/text/tokenizer.hpp"
@@ -191,10 +192,6 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
   if (const json* v = field(b, "logprobs"); v && !v->is_null())
     base.logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, kI32Max));
   r.logprobs = base.logprobs;
-  // The engine scores the prompt for echo's logprobs, for prompt_logprobs,
-  // and for an echo that generates nothing (the prompt is its whole answer).
-  base.prompt_logprobs = std::max(r.prompt_logprobs, r.echo && base.logprobs >= 0 ? base.logprobs : -1);
-  if (r.echo && base.max_tokens == 0) base.prompt_logprobs = std::max(base.prompt_logprobs, 0);
   if (const json* v = field(b, "ignore_eos")) base.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = field(b, "presence_penalty"))
     base.presence_penalty = static_cast<float>(number(*v, "presence_penalty"));
@@ -223,6 +220,7 @@ CompletionRequest parse(const json& b, const std::string& served_model) {
       bad("stop", "stop must be a string or a list of strings, got " + kind_of(*v));
     }
   }
+  base.prompt_logprobs = actors::engine_prompt_logprobs(base, r.echo, r.prompt_logprobs);
   const std::vector<transport::Submit> ps = prompts(*p);
   if (ps.size() * static_cast<size_t>(r.n) > static_cast<size_t>(kMaxChoices)) {
     bad("n", std::to_string(ps.size()) + " prompts x n = " + std::to_string(r.n) + " is over " +
