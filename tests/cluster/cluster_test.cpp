@@ -710,8 +710,11 @@ TEST(EmulatedWorker, PromptScoresAreAnsweredAndTheirRowsCharged) {
   EXPECT_EQ(scored.prompt_scores[0].tokens[0].top.size(), 3u);
   EXPECT_TRUE(plain.prompt_scores.empty());
   ASSERT_EQ(scored.outputs.size(), 1u);
+  // Lower bounds only (a step sleeps at least its prediction; a loaded
+  // machine only adds): the plain step's one row alone could not reach 20 ms.
+  // That the plan's shape counts the scored rows is CostModel.ShapeOfAPlan's.
   EXPECT_GE(scored.forward_ms, 2.0 * 10) << "one sampled row and nine scored ones at 2 ms";
-  EXPECT_LT(plain.forward_ms, 2.0 * 10);
+  EXPECT_GE(plain.forward_ms, 2.0) << "one sampled row";
 }
 
 TEST(EmulatedWorker, TokensAreDeterministicAndNeverEos) {

@@ -46,6 +46,10 @@ TEST(CostModel, ShapeOfAPlan) {
   EXPECT_EQ(s.sample_rows, 2);
   EXPECT_EQ(s.decode_pairs, 101);
   EXPECT_EQ(s.prefill_pairs, 32 * 33 / 2 + (16 * 32 + 16 * 17 / 2));
+  // Prompt rows scored for prompt_logprobs are LM-head rows too.
+  p.work[1].score_rows = 32;
+  p.work[2].score_rows = 15;
+  EXPECT_EQ(StepShape::of(p).sample_rows, 2 + 32 + 15);
 }
 
 TEST(CostModel, PredictsPiecewiseInTokens) {
