@@ -16,7 +16,13 @@
 // alternate round by round, each with its own Gpt2 packed for it; best and
 // median over the rounds.
 //
+// --dtypes float32,bfloat16 runs each storage as its own variant (weights
+// and KV in that dtype, unless --kv-cache-dtype says otherwise) in the same
+// rounds, and prints each step's time relative to the first dtype's: the
+// ratios the 16-bit issue asks for, measured side by side.
+//
 //   build/bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]
+//                      [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,12 +54,41 @@ using troupe::bench::stats;
 
 namespace {
 
+// One kernel variant with one storage of weights and KV.
 struct Variant {
   CpuIsa isa = CpuIsa::kPortable;
+  WeightDtype dtype = WeightDtype::kFloat32;
+  KvDtype kv = KvDtype::kFloat32;
   std::unique_ptr<Gpt2> model;
+  std::unique_ptr<PagedKvCache> cache1, cache_p, cache64;
   double peak = 0;                                 // GFLOP/s
   std::vector<double> decode1, prefill, decode64;  // ms per round
+  std::string name() const {
+    return std::string(to_string(isa)) + "/" + (dtype == WeightDtype::kBFloat16 ? "bf16" : "fp32") + "+kv" +
+           (kv == KvDtype::kBFloat16 ? "16" : "32");
+  }
+  // The step's work with this variant's bytes: bfloat16 halves the
+  // matrices' bytes (the fp32 vectors, ~0.1% of them, are counted at half
+  // too) and the K/V's.
+  bench::StepWork work(const Gpt2Config& cfg, int64_t S, int64_t rows, int64_t ctx) const {
+    bench::StepWork w = bench::step_work(cfg, S, rows, ctx);
+    if (dtype == WeightDtype::kBFloat16) w.weight_bytes /= 2;
+    if (kv == KvDtype::kBFloat16) w.kv_bytes /= 2;
+    return w;
+  }
 };
+
+std::vector<WeightDtype> parse_dtypes(const std::string& list) {
+  std::vector<WeightDtype> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = list.find(',', at);
+    out.push_back(parse_weight_dtype(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -62,7 +97,8 @@ int main(int argc, char** argv) {
   ThreadOptions threads;
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
-  WeightDtype dtype = WeightDtype::kFloat32;
+  std::vector<WeightDtype> dtypes{WeightDtype::kFloat32};
+  std::string kv_name = "auto";
   std::vector<CpuIsa> isas;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -73,11 +109,14 @@ int main(int argc, char** argv) {
       isas = troupe::bench::parse_variants(argv[++i]);
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc)
       profile = argv[++i];
-    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc)
-      dtype = parse_weight_dtype(argv[++i]);
+    else if ((!std::strcmp(argv[i], "--dtype") || !std::strcmp(argv[i], "--dtypes")) && i + 1 < argc)
+      dtypes = parse_dtypes(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc)
+      kv_name = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16]\n"
+                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
+                   "                    [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]\n"
                    "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }
@@ -87,28 +126,34 @@ int main(int argc, char** argv) {
 
   const Gpt2Config cfg = Gpt2Config::preset("gpt2");
   const Gpt2Weights weights = Gpt2Weights::random(cfg, 1);
-  std::printf("bench_limits: GPT-2 124M shape, %s weights (fp32 math), random\n%s\n", to_string(dtype),
+  std::printf("bench_limits: GPT-2 124M shape, random weights (fp32 math; storage per variant: weights+KV)\n%s\n",
               bench::machine_line().c_str());
 
   std::vector<Variant> vs;
-  for (CpuIsa isa : isas) {
-    ScopedKernelIsa scope(isa);
-    Variant v;
-    v.isa = isa;
-    v.model = std::make_unique<Gpt2>(cfg, weights, torch::kCPU, dtype);
-    vs.push_back(std::move(v));
+  for (WeightDtype dtype : dtypes) {
+    for (CpuIsa isa : isas) {
+      ScopedKernelIsa scope(isa);
+      Variant v;
+      v.isa = isa;
+      v.dtype = dtype;
+      v.kv = parse_kv_cache_dtype(kv_name, dtype);
+      v.model = std::make_unique<Gpt2>(cfg, weights, torch::kCPU, dtype);
+      v.cache1 = bench::filled_cache(cfg, 4, 16, v.kv);
+      v.cache_p = bench::filled_cache(cfg, 32, 16, v.kv);
+      v.cache64 = bench::filled_cache(cfg, 64 * 8, 16, v.kv);
+      vs.push_back(std::move(v));
+    }
   }
   const FlatBatch decode1 = bench::step_batch(1, 1, 64), prefill = bench::step_batch(1, 512, 512),
                   decode64 = bench::step_batch(64, 1, 128);
-  auto cache1 = bench::filled_cache(cfg, 4), cache_p = bench::filled_cache(cfg, 32),
-       cache64 = bench::filled_cache(cfg, 64 * 8);
   if (!profile.empty()) {
     const bool p = profile == "prefill", d1 = profile == "decode1";
-    ScopedKernelIsa scope(vs.front().isa);
+    Variant& v = vs.front();
+    ScopedKernelIsa scope(v.isa);
     for (int r = 0; r < rounds; ++r) {
       const auto t0 = Clock::now();
-      vs.front().model->forward_step(p ? prefill : d1 ? decode1 : decode64, p ? *cache_p : d1 ? *cache1 : *cache64);
-      std::printf("%s %s: %.1f ms\n", profile.c_str(), to_string(vs.front().isa), ms_since(t0));
+      v.model->forward_step(p ? prefill : d1 ? decode1 : decode64, p ? *v.cache_p : d1 ? *v.cache1 : *v.cache64);
+      std::printf("%s %s: %.1f ms\n", profile.c_str(), v.name().c_str(), ms_since(t0));
     }
     return 0;
   }
@@ -124,14 +169,14 @@ int main(int argc, char** argv) {
       double best1 = 1e30;
       for (int k = 0; k < 5; ++k) {
         const auto t0 = Clock::now();
-        v.model->forward_step(decode1, *cache1);
+        v.model->forward_step(decode1, *v.cache1);
         best1 = std::min(best1, ms_since(t0));
       }
       auto t0 = Clock::now();
-      v.model->forward_step(prefill, *cache_p);
+      v.model->forward_step(prefill, *v.cache_p);
       const double p_ms = ms_since(t0);
       t0 = Clock::now();
-      v.model->forward_step(decode64, *cache64);
+      v.model->forward_step(decode64, *v.cache64);
       const double d64_ms = ms_since(t0);
       if (r < 0) continue;
       v.decode1.push_back(best1);
@@ -139,53 +184,58 @@ int main(int argc, char** argv) {
       v.decode64.push_back(d64_ms);
     }
   }
-  bench::StepWork wp = bench::step_work(cfg, 1, 512, 512), wd = bench::step_work(cfg, 64, 1, 128);
-  // bfloat16 halves the matrices' bytes; the fp32 vectors (norms, biases:
-  // ~0.1% of them) are counted at half too.
-  if (dtype == WeightDtype::kBFloat16) {
-    wp.weight_bytes /= 2;
-    wd.weight_bytes /= 2;
-  }
-  const double weight_bytes = wd.weight_bytes;
-  const double floor_ms = weight_bytes / (read_gbs * 1e9) * 1e3;
-  std::printf(
-      "streaming read (best of the rounds): %.1f GB/s; weights %.1f MB -> memory floor %.2f ms per "
-      "decode step\n",
-      read_gbs, weight_bytes * 1e-6, floor_ms);
+  std::printf("streaming read (best of the rounds): %.1f GB/s\n", read_gbs);
   for (const auto& v : vs)
-    std::printf("FMA peak (best of the rounds), %s instructions, %d threads: %.1f GFLOP/s\n", to_string(v.isa),
-                at::get_num_threads(), v.peak);
-  const double fp = wp.flops(), fd = wd.flops();
+    if (v.dtype == dtypes.front())
+      std::printf("FMA peak (best of the rounds), %s instructions, %d threads: %.1f GFLOP/s\n", to_string(v.isa),
+                  at::get_num_threads(), v.peak);
   std::printf("\n%d rounds, variants alternating; best (median) per figure\n\n", rounds);
-  std::printf("%-8s | %-32s | %-34s | %-34s\n", "variant", "decode batch 1, ctx 64 (<= 1.1x)",
+  std::printf("%-16s | %-42s | %-34s | %-34s\n", "variant", "decode batch 1, ctx 64 (<= 1.1x floor)",
               "prefill 512 tokens (>= 65% peak)", "decode 64 seqs, ctx 128 (>= 65%)");
   for (const auto& v : vs) {
+    const bench::StepWork wp = v.work(cfg, 1, 512, 512), wd = v.work(cfg, 64, 1, 128);
+    const double floor_ms = wd.weight_bytes / (read_gbs * 1e9) * 1e3;
     const Stats d = stats(v.decode1), p = stats(v.prefill), d64 = stats(v.decode64);
+    const double fp = wp.flops(), fd = wd.flops();
     std::printf(
-        "%-8s | %6.2f (%6.2f) ms = %4.2fx floor | %7.1f (%7.1f) ms %6.1f GF/s %3.0f%% | %6.1f (%6.1f) ms "
+        "%-16s | %6.2f (%6.2f) ms = %4.2fx floor %5.2f ms | %7.1f (%7.1f) ms %6.1f GF/s %3.0f%% | %6.1f (%6.1f) ms "
         "%6.1f GF/s %3.0f%%\n",
-        to_string(v.isa), d.best, d.median, d.best / floor_ms, p.best, p.median, fp / p.best * 1e-6,
+        v.name().c_str(), d.best, d.median, d.best / floor_ms, floor_ms, p.best, p.median, fp / p.best * 1e-6,
         100.0 * fp / p.best * 1e-6 / v.peak, d64.best, d64.median, fd / d64.best * 1e-6,
         100.0 * fd / d64.best * 1e-6 / v.peak);
   }
+  const bench::StepWork wp0 = bench::step_work(cfg, 1, 512, 512), wd0 = bench::step_work(cfg, 64, 1, 128);
   std::printf("\nprefill: %.1f GFLOP per step; decode 64: %.1f GFLOP per step (multiply-add = 2)\n",
-              fp * 1e-9, fd * 1e-9);
+              wp0.flops() * 1e-9, wd0.flops() * 1e-9);
+  if (dtypes.size() > 1) {
+    // Each variant's medians against the first dtype's with the same ISA.
+    std::printf("\nspeed-up over %s (median over median, same instructions, same rounds):\n",
+                to_string(dtypes.front()));
+    for (const auto& v : vs) {
+      if (v.dtype == dtypes.front()) continue;
+      for (const auto& b : vs) {
+        if (b.isa != v.isa || b.dtype != dtypes.front()) continue;
+        std::printf("  %-16s decode 1: %.2fx | prefill 512: %.2fx | decode 64: %.2fx\n", v.name().c_str(),
+                    stats(b.decode1).median / stats(v.decode1).median,
+                    stats(b.prefill).median / stats(v.prefill).median,
+                    stats(b.decode64).median / stats(v.decode64).median);
+      }
+    }
+  }
   // How much of the peak a step can reach at all on this machine: the FLOPs
   // over the least time step_bound_ms allows (the attention of 64 sequences
   // reads its K/V at the read bandwidth, after and before matrix products).
   std::printf(
       "\nceiling at these limits (attention not overlapped with the matrix products; K/V read once):\n");
-  std::printf(
-      "  prefill 512: %.1f MB of weights, %.1f MB of K/V; decode 64: %.1f MB of weights, %.1f MB of K/V\n",
-      wp.weight_bytes * 1e-6, wp.kv_bytes * 1e-6, wd.weight_bytes * 1e-6, wd.kv_bytes * 1e-6);
   for (const auto& v : vs) {
-    const double bp = bench::step_bound_ms(wp, v.peak, read_gbs),
-                 bd = bench::step_bound_ms(wd, v.peak, read_gbs);
+    const bench::StepWork wp = v.work(cfg, 1, 512, 512), wd = v.work(cfg, 64, 1, 128);
+    const double bp = bench::step_bound_ms(wp, v.peak, read_gbs), bd = bench::step_bound_ms(wd, v.peak, read_gbs);
     std::printf(
-        "  %-8s prefill 512 >= %.1f ms (at most %.0f%% of peak; best step %.2fx that) | "
-        "decode 64 >= %.1f ms (at most %.0f%%; best step %.2fx)\n",
-        to_string(v.isa), bp, 100.0 * fp / bp * 1e-6 / v.peak, stats(v.prefill).best / bp, bd,
-        100.0 * fd / bd * 1e-6 / v.peak, stats(v.decode64).best / bd);
+        "  %-16s prefill 512 >= %.1f ms (at most %.0f%% of peak; best step %.2fx that) | "
+        "decode 64 (%.0f MB weights, %.0f MB K/V) >= %.1f ms (at most %.0f%%; best step %.2fx)\n",
+        v.name().c_str(), bp, 100.0 * wp.flops() / bp * 1e-6 / v.peak, stats(v.prefill).best / bp,
+        wd.weight_bytes * 1e-6, wd.kv_bytes * 1e-6, bd, 100.0 * wd.flops() / bd * 1e-6 / v.peak,
+        stats(v.decode64).best / bd);
   }
   return 0;
 }

@@ -34,7 +34,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct BatchFlags {
-  std::string model, input, output, device = "cpu", dtype = "float32";
+  std::string model, input, output, device = "cpu", dtype = "float32", kv_cache_dtype = "auto";
   SchedulerFlags sched;
   bool quiet = false;
 };
@@ -86,9 +86,11 @@ int run_batch(const BatchFlags& f) {
 
   auto dir = model::load_model_dir(f.model);
   const auto& cfg = dir.config;
-  const core::SchedulerOptions so = scheduler_options(f.sched, cfg);
-  model::Gpt2 gpt(cfg, std::move(dir.weights), device, model::parse_weight_dtype(f.dtype));
-  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device);
+  const model::WeightDtype dtype = model::parse_weight_dtype(f.dtype);
+  const model::KvDtype kv_dtype = model::parse_kv_cache_dtype(f.kv_cache_dtype, dtype);
+  const core::SchedulerOptions so = scheduler_options(f.sched, cfg, kv_dtype);
+  model::Gpt2 gpt(cfg, std::move(dir.weights), device, dtype);
+  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, device, kv_dtype);
   actors::Engine engine(gpt, cache, &dir.tokenizer, so, model::PagedAttention::kAuto);
   actors::RouterOptions router_options;  // the servers' job checks, without a queue bound
   router_options.max_model_len = cfg.n_positions;
@@ -223,6 +225,7 @@ void add_batch_command(CLI::App& app, Registry& registry) {
   add_scheduler_flags(*sub, f->sched);
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flag(sub, f->dtype);
+  add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--quiet", f->quiet, "No progress bar");
   registry.push_back({sub, [f] { return run_batch(*f); }});
 }

@@ -35,6 +35,9 @@ std::string default_tokenizer_dir();
 c10::Device parse_device(const std::string& text);
 // --dtype float32|bfloat16 (vLLM's flag): the weight matrices' storage.
 void add_dtype_flag(CLI::App* sub, std::string& dtype);
+// --kv-cache-dtype auto|float32|bfloat16 (vLLM's flag): the KV cache's
+// storage; auto = the weights' (model::parse_kv_cache_dtype).
+void add_kv_cache_dtype_flag(CLI::App* sub, std::string& kv_cache_dtype);
 
 // Flag checks with plain messages ("must be > 0, got 0"; CLI11 2.1's own
 // PositiveNumber prints its range as a 300-digit number). Finite numbers only.

@@ -27,7 +27,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct GenerateFlags {
-  std::string model, prompt, prompt_ids, mode = "kv", device = "cpu", dtype = "float32";
+  std::string model, prompt, prompt_ids, mode = "kv", device = "cpu", dtype = "float32", kv_cache_dtype = "auto";
   int32_t max_tokens = 16;
   float temperature = 0.0f, top_p = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f,
         repetition_penalty = 1.0f;
@@ -46,6 +46,7 @@ double ms_since(Clock::time_point t0) {
 // a KV pool just big enough for it.
 model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokenizer& tok,
                                      const std::vector<int32_t>& prompt, const model::GenerateOptions& opt,
+                                     model::KvDtype kv_dtype,
                                      const std::function<void(const std::string&)>& on_text) {
   const auto& cfg = gpt.config();
   int64_t total = static_cast<int64_t>(prompt.size()) + opt.max_tokens;
@@ -61,7 +62,7 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
   so.vocab_size = cfg.vocab_size;
   so.eos_id = cfg.eos_token_id;
   so.watermark = 0.0;
-  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, gpt.device());
+  model::PagedKvCache cache(cfg, so.num_blocks, so.block_size, gpt.device(), kv_dtype);
   actors::Engine engine(gpt, cache, &tok, so, model::PagedAttention::kAuto);
 
   core::Request req;
@@ -107,10 +108,10 @@ model::GenerateResult generate_paged(const model::Gpt2& gpt, const model::Tokeni
 
 model::GenerateResult run_mode(const std::string& mode, const model::Gpt2& gpt, const model::Tokenizer& tok,
                                const std::vector<int32_t>& prompt, const model::GenerateOptions& opt,
-                               const std::function<void(const std::string&)>& on_text) {
+                               model::KvDtype kv_dtype, const std::function<void(const std::string&)>& on_text) {
   if (mode == "naive") return model::generate(gpt, tok, prompt, opt, model::GenerateMode::kNaive, on_text);
   if (mode == "kv") return model::generate(gpt, tok, prompt, opt, model::GenerateMode::kKv, on_text);
-  return generate_paged(gpt, tok, prompt, opt, on_text);
+  return generate_paged(gpt, tok, prompt, opt, kv_dtype, on_text);
 }
 
 double tokens_per_s(const model::GenerateResult& r) {
@@ -179,7 +180,12 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
     throw std::invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens (" +
                                 std::to_string(opt.max_tokens) + ") exceeds the model's " +
                                 std::to_string(dir.config.n_positions) + " positions");
-  model::Gpt2 gpt(dir.config, std::move(dir.weights), device, model::parse_weight_dtype(f.dtype));
+  const model::WeightDtype dtype = model::parse_weight_dtype(f.dtype);
+  const model::KvDtype kv_dtype = model::parse_kv_cache_dtype(f.kv_cache_dtype, dtype);
+  if (sub.count("--kv-cache-dtype") && kv_dtype != model::KvDtype::kFloat32 && (f.mode != "paged" || f.compare))
+    throw std::invalid_argument("--kv-cache-dtype " + f.kv_cache_dtype +
+                                " is the paged cache's: give --mode paged (without --compare)");
+  model::Gpt2 gpt(dir.config, std::move(dir.weights), device, dtype);
 
   auto stream = [&](const std::string& delta) {
     if (f.json) return;
@@ -188,7 +194,7 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
   };
 
   if (!f.compare) {
-    auto r = run_mode(f.mode, gpt, dir.tokenizer, prompt, opt, stream);
+    auto r = run_mode(f.mode, gpt, dir.tokenizer, prompt, opt, kv_dtype, stream);
     if (f.json) {
       std::cout << dump(to_json(r, f.logprobs >= 0)) << std::endl;
     } else {
@@ -203,7 +209,8 @@ int run_generate(const GenerateFlags& f, const CLI::App& sub) {
   std::vector<std::pair<std::string, model::GenerateResult>> runs;
   for (const char* mode : {"naive", "kv", "paged"}) {
     if (!f.json) std::printf("\n== %s ==\n%s", mode, f.prompt.empty() ? "" : f.prompt.c_str());
-    runs.emplace_back(mode, run_mode(mode, gpt, dir.tokenizer, prompt, opt, stream));
+    // The loops must agree: one KV storage for all (the kv loop's is fp32).
+    runs.emplace_back(mode, run_mode(mode, gpt, dir.tokenizer, prompt, opt, model::KvDtype::kFloat32, stream));
     if (!f.json) std::printf("\n");
   }
   const auto& naive = runs[0].second;
@@ -251,6 +258,14 @@ void add_dtype_flag(CLI::App* sub, std::string& dtype) {
       ->check(CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
 }
 
+void add_kv_cache_dtype_flag(CLI::App* sub, std::string& kv_cache_dtype) {
+  sub->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "KV cache stored as auto (default: bfloat16 with --dtype bfloat16, else float32), float32 or "
+                  "bfloat16 (half the bytes: twice the tokens in the same --kv-memory, half the K/V a decode "
+                  "step reads)")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "fp32", "bf16"}));
+}
+
 void add_generate_command(CLI::App& app, Registry& registry) {
   auto* sub = app.add_subcommand("generate", "Generate text for one prompt (naive, kv or paged loop)");
   auto f = std::make_shared<GenerateFlags>();
@@ -275,6 +290,7 @@ void add_generate_command(CLI::App& app, Registry& registry) {
   sub->add_flag("--ignore-eos", f->ignore_eos, "Keep going after <|endoftext|>");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flag(sub, f->dtype);
+  add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--json", f->json, "Print one JSON object instead of streaming text");
   sub->add_flag("--compare", f->compare, "Run naive, kv and paged back to back and compare them");
   registry.push_back({sub, [f, sub] { return run_generate(*f, *sub); }});

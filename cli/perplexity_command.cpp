@@ -22,6 +22,7 @@
 #include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
+#include "model/paged_kv_cache.hpp"
 #include "model/perplexity.hpp"
 
 namespace troupe::cli {
@@ -30,7 +31,7 @@ namespace {
 using nlohmann::json;
 
 struct PerplexityFlags {
-  std::string model, file, device = "cpu", dtype = "float32";
+  std::string model, file, device = "cpu", dtype = "float32", kv_cache_dtype = "auto";
   int64_t context = 0, stride = 0, batch = 128;
   bool score_second_half = false, json = false, kl_divergence = false;
   // Through a running server instead of a model loaded here.
@@ -86,8 +87,9 @@ model::PerplexityResult score_remotely(const PerplexityFlags& f, const std::vect
   return r;
 }
 
-// --kl-divergence: the --dtype model against the float32 one on the same
-// windows (llama-perplexity --kl-divergence's figures).
+// --kl-divergence: the --dtype model (its KV cache in o.kv_dtype) against
+// the float32 one (float32 KV) on the same windows (llama-perplexity
+// --kl-divergence's figures).
 int run_kl_divergence(const PerplexityFlags& f, model::ModelDir& dir, const std::vector<int32_t>& ids,
                       const model::PerplexityOptions& o, const std::function<void(int64_t, int64_t)>& progress,
                       model::WeightDtype dtype) {
@@ -95,8 +97,10 @@ int run_kl_divergence(const PerplexityFlags& f, model::ModelDir& dir, const std:
   const model::Gpt2 base(dir.config, dir.weights, device, model::WeightDtype::kFloat32);
   const model::Gpt2 gpt(dir.config, std::move(dir.weights), device, dtype);
   const model::KlResult k = model::score_kl_divergence(base, gpt, ids, o, progress);
+  const std::string what = std::string(model::to_string(dtype)) + " weights, " + model::to_string(o.kv_dtype) + " KV";
   if (f.json) {
     json j{{"dtype", model::to_string(dtype)},
+           {"kv_cache_dtype", model::to_string(o.kv_dtype)},
            {"kl_mean", k.kl_mean},
            {"kl_p99", k.kl_p99},
            {"kl_max", k.kl_max},
@@ -115,7 +119,7 @@ int run_kl_divergence(const PerplexityFlags& f, model::ModelDir& dir, const std:
     std::cout << j.dump() << std::endl;
     return 0;
   }
-  std::printf("%s against float32, %lld tokens scored in %lld windows of %lld:\n", model::to_string(dtype),
+  std::printf("%s against float32, %lld tokens scored in %lld windows of %lld:\n", what.c_str(),
               static_cast<long long>(k.model.scored), static_cast<long long>(k.model.windows),
               static_cast<long long>(o.context));
   std::printf("  KL divergence: mean %.6g, p99 %.6g, max %.6g nats\n", k.kl_mean, k.kl_p99, k.kl_max);
@@ -154,10 +158,15 @@ int run_perplexity(const PerplexityFlags& f) {
   const bool bar = !f.json && isatty(STDERR_FILENO);
   const std::function<void(int64_t, int64_t)> progress = bar ? draw_progress : std::function<void(int64_t, int64_t)>();
   const model::WeightDtype dtype = model::parse_weight_dtype(f.dtype);
+  o.kv_dtype = model::parse_kv_cache_dtype(f.kv_cache_dtype, dtype);
+  if (remote && f.kv_cache_dtype != "auto")
+    throw std::invalid_argument("--kv-cache-dtype is the server's when scoring through one (give it to serve)");
   if (f.kl_divergence) {
     if (remote) throw std::invalid_argument("--kl-divergence runs both models here: it takes no --to or --base-url");
-    if (dtype == model::WeightDtype::kFloat32)
-      throw std::invalid_argument("--kl-divergence compares --dtype's model with the float32 one: give --dtype bfloat16");
+    if (dtype == model::WeightDtype::kFloat32 && o.kv_dtype == model::KvDtype::kFloat32)
+      throw std::invalid_argument(
+          "--kl-divergence compares --dtype's model with the float32 one: give --dtype bfloat16 or "
+          "--kv-cache-dtype bfloat16");
     return run_kl_divergence(f, *dir, ids, o, progress, dtype);
   }
   model::PerplexityResult r;
@@ -229,8 +238,10 @@ void add_perplexity_command(CLI::App& app, Registry& registry) {
                 "end, each scoring only its second half");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flag(sub, f->dtype);
+  add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--kl-divergence", f->kl_divergence,
-                "Compare the --dtype model with the float32 one (both loaded here): mean and p99 KL divergence "
+                "Compare the --dtype / --kv-cache-dtype model with the float32 one (both loaded here): mean and "
+                "p99 KL divergence "
                 "of the next-token distributions and top-1 agreement, as llama-perplexity --kl-divergence");
   sub->add_flag("--json", f->json, "Print one JSON object");
   auto* to = sub->add_option("--to", f->to,

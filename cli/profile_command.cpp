@@ -18,7 +18,8 @@ namespace troupe::cli {
 namespace {
 
 struct ProfileFlags {
-  std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with, dtype = "float32";
+  std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with, dtype = "float32",
+              kv_cache_dtype = "auto";
   CLI::Option* stat_flag = nullptr;
   int threads = 0;
   bool quiet = false;
@@ -76,6 +77,7 @@ int run_profile(ProfileFlags& f) {
     throw std::invalid_argument("give --model DIR, or --preset NAME for random weights of a known shape");
   if (f.threads > 0) model::configure_threads({f.threads, 0});
   const c10::Device device = parse_device(f.device);
+  f.options.kv_dtype = model::parse_kv_cache_dtype(f.kv_cache_dtype, model::parse_weight_dtype(f.dtype));
   std::optional<model::ModelDir> dir;
   model::Gpt2Config cfg;
   std::unique_ptr<model::Gpt2> gpt;
@@ -116,6 +118,7 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--out", f->out, "Cost profile to write (JSON)")->required();
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flag(sub, f->dtype);
+  add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
       ->check(non_negative_number());
   sub->add_flag("--quick", f->options.quick, "A small grid (tests: under a minute on the tiny model)");

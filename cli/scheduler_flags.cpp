@@ -21,14 +21,16 @@ void add_scheduler_flags(CLI::App& app, SchedulerFlags& f) {
   app.add_option("--seed", f.seed, "Base seed for jobs that give none");
 }
 
-int32_t kv_blocks(const SchedulerFlags& f, const model::Gpt2Config& config) {
-  return f.num_blocks > 0 ? f.num_blocks : cluster::blocks_for_kv_memory(config, f.kv_memory, f.block_size);
+int32_t kv_blocks(const SchedulerFlags& f, const model::Gpt2Config& config, model::KvDtype kv_dtype) {
+  return f.num_blocks > 0 ? f.num_blocks
+                          : cluster::blocks_for_kv_memory(config, f.kv_memory, f.block_size, kv_dtype);
 }
 
-core::SchedulerOptions scheduler_options(const SchedulerFlags& f, const model::Gpt2Config& config) {
+core::SchedulerOptions scheduler_options(const SchedulerFlags& f, const model::Gpt2Config& config,
+                                         model::KvDtype kv_dtype) {
   core::SchedulerOptions so;
   so.block_size = f.block_size;
-  so.num_blocks = kv_blocks(f, config);
+  so.num_blocks = kv_blocks(f, config, kv_dtype);
   so.max_num_seqs = f.max_num_seqs;
   so.max_num_batched_tokens = f.max_batched_tokens;
   so.max_model_len = config.n_positions;

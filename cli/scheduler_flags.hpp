@@ -10,6 +10,7 @@
 
 namespace troupe::model {
 struct Gpt2Config;
+enum class KvDtype;
 }
 
 namespace troupe::cli {
@@ -28,10 +29,12 @@ struct SchedulerFlags {
 // --num-blocks, --no-prefix-caching and --seed to `app`.
 void add_scheduler_flags(CLI::App& app, SchedulerFlags& flags);
 
-// KV blocks per worker: --num-blocks, else what --kv-memory holds for the model.
-int32_t kv_blocks(const SchedulerFlags& flags, const model::Gpt2Config& config);
+// KV blocks per worker: --num-blocks, else what --kv-memory holds for the
+// model with its KV stored as `kv_dtype`.
+int32_t kv_blocks(const SchedulerFlags& flags, const model::Gpt2Config& config, model::KvDtype kv_dtype);
 
 // The scheduler options of one worker serving `config`.
-core::SchedulerOptions scheduler_options(const SchedulerFlags& flags, const model::Gpt2Config& config);
+core::SchedulerOptions scheduler_options(const SchedulerFlags& flags, const model::Gpt2Config& config,
+                                         model::KvDtype kv_dtype);
 
 }  // namespace troupe::cli

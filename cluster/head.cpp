@@ -78,10 +78,10 @@ std::vector<LocalWorker> local_workers(const HeadOptions& o, const model::ModelD
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
   for (size_t i = 0; i < devices.size(); ++i) {
     auto& m = models[devices[i]];
-    if (!m)
-      m = std::make_shared<model::Gpt2>(dir.config, dir.weights, c10::Device(devices[i]),
-                                        model::parse_weight_dtype(o.dtype));
-    ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i]};
+    const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
+    if (!m) m = std::make_shared<model::Gpt2>(dir.config, dir.weights, c10::Device(devices[i]), dtype);
+    ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i],
+                         model::parse_kv_cache_dtype(o.kv_cache_dtype, dtype)};
     out.push_back(
         {devices[i], actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr}, cost});
   }
@@ -111,6 +111,11 @@ class HeadProcess {
   }
 
  private:
+  // The local workers' KV storage, and the one nodes must bring.
+  model::KvDtype kv_dtype() const {
+    return model::parse_kv_cache_dtype(o_.kv_cache_dtype, model::parse_weight_dtype(o_.dtype));
+  }
+
   // The workers' scheduler settings, from the model and the flags.
   void build_scheduler() {
     const model::Gpt2Config& cfg = dir_.config;
@@ -120,7 +125,7 @@ class HeadProcess {
     sched_.eos_id = cfg.eos_token_id;
     sched_.max_steps_in_flight = 2;
     sched_.num_blocks =
-        o_.num_blocks > 0 ? o_.num_blocks : blocks_for_kv_memory(cfg, o_.kv_memory, sched_.block_size);
+        o_.num_blocks > 0 ? o_.num_blocks : blocks_for_kv_memory(cfg, o_.kv_memory, sched_.block_size, kv_dtype());
     fingerprint_ = model::fingerprint(cfg, dir_.weights);
     if (!o_.cost_profile.empty()) local_cost_ = sim::read_cost_profile(o_.cost_profile).cost.to_json().dump();
   }
@@ -226,10 +231,11 @@ class HeadProcess {
     gc.membership.liveness = transport::LivenessOptions{o_.heartbeat, o_.liveness};
     gc.membership.fingerprint = fingerprint_;
     gc.membership.dtype = model::to_string(model::parse_weight_dtype(o_.dtype));
+    gc.membership.kv_dtype = model::to_string(kv_dtype());
     gc.membership.allow_mixed_dtypes = o_.allow_mixed_dtypes;
     gc.membership.vocab_size = cfg.vocab_size;
     gc.membership.max_nodes = o_.max_nodes;
-    gc.membership.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1);
+    gc.membership.kv_values_per_token = 2 * int64_t{cfg.n_layer} * cfg.n_embd;
     gc.local = local_workers(o_, dir_, sched_, local_cost_);
     gc.log = [quiet = o_.quiet](const std::string& line) { log_line(quiet, line); };
     return gc;

@@ -32,6 +32,7 @@ struct HeadOptions {
   int32_t workers = 1;               // local CPU workers when devices == {"cpu"}; 0 = head alone
   int32_t threads_per_worker = 0;    // 0 = the usable CPUs split among the local workers
   std::string dtype = "float32";     // the local workers' weights (--dtype); nodes must run the same
+  std::string kv_cache_dtype = "auto";  // the local workers' KV storage (--kv-cache-dtype); nodes the same
   bool allow_mixed_dtypes = false;   // --allow-mixed-dtypes: take nodes of another --dtype
   core::SchedulerOptions scheduler;  // budgets (seqs, tokens, block size, prefix caching);
                                      // the model's facts and the pool size are filled in

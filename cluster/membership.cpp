@@ -13,10 +13,17 @@ bool same_node(const std::string& name, const std::vector<transport::WorkerInfo>
                const transport::Register& reg) {
   auto fields = [](const transport::WorkerInfo& w) {
     return std::tie(w.index, w.device, w.num_blocks, w.block_size, w.max_model_len, w.vocab_size, w.threads,
-                    w.fingerprint, w.dtype);
+                    w.fingerprint, w.dtype, w.kv_dtype);
   };
   return name == reg.node && std::equal(infos.begin(), infos.end(), reg.workers.begin(), reg.workers.end(),
                                         [&](const auto& a, const auto& b) { return fields(a) == fields(b); });
+}
+
+// Bytes of one KV value stored as `kv_dtype`; 0 for a name this head does not know.
+int64_t kv_value_bytes(const std::string& kv_dtype) {
+  if (kv_dtype == "float32") return 4;
+  if (kv_dtype == "bfloat16") return 2;
+  return 0;
 }
 
 }  // namespace
@@ -61,6 +68,12 @@ std::variant<Membership::Joined, Membership::Refusal> Membership::on_register(
                     " (a request's tokens would depend on where it runs; --allow-mixed-dtypes on the head "
                     "accepts it)");
     }
+    if (kv_value_bytes(w.kv_dtype) == 0) return refuse(who + "reports an unknown KV dtype '" + w.kv_dtype + "'");
+    if (w.kv_dtype != options_.kv_dtype && !options_.allow_mixed_dtypes) {
+      return refuse(who + "runs --kv-cache-dtype " + w.kv_dtype + ", the head " + options_.kv_dtype +
+                    " (a request's tokens would depend on where it runs; --allow-mixed-dtypes on the head "
+                    "accepts it)");
+    }
     if (w.num_blocks < 1 || w.block_size < 1 || w.max_model_len < 2) {
       return refuse(who + "reports an unusable KV pool or model length");
     }
@@ -68,8 +81,9 @@ std::variant<Membership::Joined, Membership::Refusal> Membership::on_register(
       return refuse(who + "reports " + std::to_string(w.num_blocks) + " KV blocks; the head takes at most " +
                     std::to_string(options_.max_worker_blocks) + " per worker");
     }
-    if (options_.kv_bytes_per_token > 0) {
-      const int64_t needs = int64_t{w.num_blocks} * w.block_size * options_.kv_bytes_per_token;
+    if (options_.kv_values_per_token > 0) {
+      const int64_t needs =
+          int64_t{w.num_blocks} * w.block_size * options_.kv_values_per_token * kv_value_bytes(w.kv_dtype);
       if (w.kv_bytes <= 0 || w.kv_bytes > options_.max_worker_kv_bytes || needs > w.kv_bytes) {
         return refuse(who + "reports " + std::to_string(w.num_blocks) + " KV blocks of " +
                       std::to_string(w.block_size) + " tokens, which need " + std::to_string(needs) +

@@ -30,15 +30,17 @@ struct MembershipOptions {
   transport::LivenessOptions liveness;  // heartbeat interval and liveness, told to every node
   uint64_t fingerprint = 0;             // the head's model; a node with another is refused
   std::string dtype = "float32";        // the head's --dtype; a worker with another is refused unless
+  std::string kv_dtype = "float32";     // (or its --kv-cache-dtype: the same for another KV storage)
   bool allow_mixed_dtypes = false;      // this (--allow-mixed-dtypes)
   int32_t vocab_size = 0;               // the head's model (a cheap second check)
   uint32_t max_workers_per_node = 64;   // more in one register is refused
   uint32_t max_nodes = 64;              // nodes at once (--max-nodes); another is refused
-  // KV memory of one token slot of the head's model (all layers, K and V),
-  // bytes; 0 = no check. A worker must declare the memory its pool takes
-  // (WorkerInfo::kv_bytes), and num_blocks x block_size x this must fit it:
-  // the head keeps per-block state for every block a node reports.
-  int64_t kv_bytes_per_token = 0;
+  // Values in one token slot of the head's model (all layers, K and V); 0 =
+  // no check. A worker must declare the memory its pool takes
+  // (WorkerInfo::kv_bytes), and num_blocks x block_size x this x the bytes
+  // of its kv_dtype must fit it: the head keeps per-block state for every
+  // block a node reports.
+  int64_t kv_values_per_token = 0;
   int64_t max_worker_kv_bytes = int64_t{1} << 40;  // declared KV memory of one worker at most (1 TiB)
   int32_t max_worker_blocks = 1 << 21;             // KV blocks of one worker at most
 };

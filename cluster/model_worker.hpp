@@ -18,6 +18,7 @@ namespace troupe::model {
 class Gpt2;
 struct Gpt2Config;
 enum class PagedAttention;
+enum class KvDtype;  // paged_kv_cache.hpp
 }  // namespace troupe::model
 
 namespace troupe::cluster {
@@ -27,15 +28,16 @@ struct ModelWorkerConfig {
   int32_t num_blocks = 0;                    // KV blocks in this worker's pool; >= 1
   int32_t block_size = 16;                   // token slots per block; >= 1
   model::ThreadBudget threads;               // applied on the worker's own thread
+  model::KvDtype kv_dtype{};                 // the pool's storage (float32 unless set)
 };
 
 // Builds the runner: call on the worker's own thread (it applies the thread
 // budget there and allocates the KV pool, untouched pages stay unmapped).
 actors::StepRunner make_model_runner(const ModelWorkerConfig& config);
 
-// KV blocks that fit `kv_memory` bytes ("2GiB") for `config`; throws
-// std::invalid_argument when not even one block fits.
-int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory,
-                             int32_t block_size);
+// KV blocks that fit `kv_memory` bytes ("2GiB") for `config` stored as
+// `kv_dtype`; throws std::invalid_argument when not even one block fits.
+int32_t blocks_for_kv_memory(const model::Gpt2Config& config, const std::string& kv_memory, int32_t block_size,
+                             model::KvDtype kv_dtype);
 
 }  // namespace troupe::cluster

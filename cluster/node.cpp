@@ -329,7 +329,9 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
   const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
   if (devices.empty()) throw std::invalid_argument("a worker node needs at least one worker");
   NodeWorkers nw;
-  nw.blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size);
+  const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
+  const model::KvDtype kv_dtype = model::parse_kv_cache_dtype(o.kv_cache_dtype, dtype);
+  nw.blocks = o.num_blocks > 0 ? o.num_blocks : blocks_for_kv_memory(cfg, o.kv_memory, o.block_size, kv_dtype);
   nw.reg.node = o.name.empty() ? default_name() : o.name;
   std::optional<sim::CostProfile> profile;
   if (!o.emulate.empty()) {
@@ -343,12 +345,11 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
   }
   const std::string cost = node_cost(o, profile);
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
-  const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
   const auto budgets =
       model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
   std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
   for (size_t i = 0; i < devices.size(); ++i) {
-    ModelWorkerConfig wc{nullptr, nw.blocks, o.block_size, budgets[i]};
+    ModelWorkerConfig wc{nullptr, nw.blocks, o.block_size, budgets[i], kv_dtype};
     if (profile) {
       EmulatedWorkerConfig ec{profile->cost, {nw.blocks, o.block_size, cfg.n_positions, cfg.vocab_size},
                               cfg.eos_token_id, o.emulate_time_scale};
@@ -369,7 +370,8 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
     info.threads = profile ? 0 : wc.threads.intra_op_threads;
     info.fingerprint = fingerprint;
     info.dtype = model::to_string(dtype);
-    info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size) * nw.blocks;
+    info.kv_dtype = model::to_string(kv_dtype);
+    info.kv_bytes = model::PagedKvCache::bytes_per_block(cfg, o.block_size, kv_dtype) * nw.blocks;
     info.cost = cost;
     nw.reg.workers.push_back(info);
   }

@@ -32,6 +32,7 @@ struct NodeOptions {
   int32_t workers = 1;                         // CPU workers when devices == {"cpu"}
   int32_t threads_per_worker = 0;              // 0 = usable CPUs split among the workers
   std::string dtype = "float32";               // the workers' weights (--dtype), told to the head
+  std::string kv_cache_dtype = "auto";         // their KV storage (--kv-cache-dtype), told too
   std::string kv_memory = "2GiB";              // KV pool per worker
   int32_t num_blocks = 0;                      // overrides kv_memory
   int32_t block_size = 16;

@@ -56,9 +56,10 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   if (!in.q.device().is_cpu() || !in.k_pool.device().is_cpu() || !in.v_pool.device().is_cpu())
     throw std::invalid_argument(
         "paged_attention_cpu: q and the pools must be CPU tensors; use the gather path");
-  if (in.q.scalar_type() != torch::kFloat32 || in.k_pool.scalar_type() != torch::kFloat32 ||
-      in.v_pool.scalar_type() != torch::kFloat32)
-    throw std::invalid_argument("paged_attention_cpu: q and the pools must be fp32");
+  const auto kv_type = in.k_pool.scalar_type();
+  if (in.q.scalar_type() != torch::kFloat32 || in.v_pool.scalar_type() != kv_type ||
+      (kv_type != torch::kFloat32 && kv_type != torch::kBFloat16))
+    throw std::invalid_argument("paged_attention_cpu: q must be fp32 and the pools both fp32 or both bfloat16");
   if (!in.k_pool.is_contiguous() || !in.v_pool.is_contiguous())
     throw std::invalid_argument("paged_attention_cpu: the pools must be contiguous");
 
@@ -90,8 +91,9 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
 
   const float* qp = q.data_ptr<float>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-  const float* kp = in.k_pool.data_ptr<float>();
-  const float* vp = in.v_pool.data_ptr<float>();
+  const void* kp = in.k_pool.data_ptr();
+  const void* vp = in.v_pool.data_ptr();
+  const bool kv_bfloat16 = kv_type == torch::kBFloat16;
   const int32_t* btp = bt.data_ptr<int32_t>();
   const int64_t bt_stride = bt.size(1);
   float* op = out.data_ptr<float>();
@@ -105,6 +107,7 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
     t.q_stride = qs0;
     t.k_pool = kp;
     t.v_pool = vp;
+    t.kv_bfloat16 = kv_bfloat16;
     t.table = btp + it.seq * bt_stride;
     t.n_head = H;
     t.head = it.head;
@@ -168,7 +171,7 @@ torch::Tensor paged_attention_gather(const PagedAttentionInput& in) {
         (tables.index_select(0, seq_t).narrow(1, 0, nblk).unsqueeze(1) * H + heads.view({1, H, 1}))
             .reshape({-1});
     auto gather = [&](const torch::Tensor& pool) {
-      return pool.view({nb * H, bs * D}).index_select(0, rows_idx).view({Sd, H, L, D});
+      return pool.view({nb * H, bs * D}).index_select(0, rows_idx).view({Sd, H, L, D}).to(q.scalar_type());
     };
     const torch::Tensor K = gather(in.k_pool), V = gather(in.v_pool);
     torch::Tensor sc = at::matmul(q.index_select(0, row_t).unsqueeze(2), K.transpose(2, 3)).mul_(scale);
@@ -188,7 +191,11 @@ torch::Tensor paged_attention_gather(const PagedAttentionInput& in) {
     const torch::Tensor rows_idx =
         (tables[s].narrow(0, 0, nblk).unsqueeze(0) * H + heads.view({H, 1})).reshape({-1});
     auto gather = [&](const torch::Tensor& pool) {
-      return pool.view({nb * H, bs * D}).index_select(0, rows_idx).view({H, nblk * bs, D}).narrow(1, 0, ctx);
+      return pool.view({nb * H, bs * D})
+          .index_select(0, rows_idx)
+          .view({H, nblk * bs, D})
+          .narrow(1, 0, ctx)
+          .to(q.scalar_type());
     };
     const torch::Tensor K = gather(in.k_pool), V = gather(in.v_pool);
     torch::Tensor sc = at::matmul(q.narrow(0, q0, nq).transpose(0, 1), K.transpose(1, 2)).mul_(scale);

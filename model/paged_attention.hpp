@@ -2,7 +2,8 @@
 // Attention of a flat batch over a paged KV cache (PagedAttention, Kwon et al.,
 // SOSP 2023), in two implementations with the same contract:
 //  * paged_attention_cpu    — reads K/V blocks in place through the block
-//                             table; CPU fp32 only.
+//                             table; CPU, fp32 queries, fp32 or bfloat16 K/V
+//                             (widened in registers).
 //  * paged_attention_gather — portable torch ops (gather the blocks, matmul,
 //                             mask, softmax, matmul); any device.
 //
@@ -21,7 +22,7 @@ namespace troupe::model {
 
 struct PagedAttentionInput {
   torch::Tensor q;                    // [T, n_head, head_dim] fp32, last dim contiguous
-  torch::Tensor k_pool, v_pool;       // [num_blocks, n_head, block_size, head_dim] contiguous
+  torch::Tensor k_pool, v_pool;       // [num_blocks, n_head, block_size, head_dim] contiguous, fp32 or bf16
   std::vector<int64_t> query_start;   // [S + 1], query_start[0] = 0, query_start[S] = T
   std::vector<int64_t> context_lens;  // [S], >= the sequence's query rows
   torch::Tensor block_tables;         // [S, max_blocks] int32 (the kernel wants it on the CPU)

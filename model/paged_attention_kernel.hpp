@@ -23,8 +23,9 @@ constexpr int64_t kAttentionQueryTile = 16;
 struct AttentionTile {
   const float* q;  // row i's head vector at q + i * q_stride (head_dim contiguous floats)
   int64_t q_stride;
-  const float* k_pool;  // [num_blocks, n_head, block_size, head_dim] contiguous
-  const float* v_pool;
+  const void* k_pool;  // [num_blocks, n_head, block_size, head_dim] contiguous, fp32
+  const void* v_pool;  // or bfloat16's bits (uint16_t) when kv_bfloat16
+  bool kv_bfloat16 = false;
   const int32_t* table;  // the sequence's block table
   int64_t n_head, head, head_dim, block_size;
   int64_t first_pos;  // position of row 0

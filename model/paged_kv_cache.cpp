@@ -10,11 +10,16 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 namespace troupe::model {
 namespace {
 
-// An fp32 CPU tensor whose memory is reserved but not touched: anonymous
+torch::ScalarType scalar_type(KvDtype dtype) {
+  return dtype == KvDtype::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+// A CPU tensor whose memory is reserved but not touched: anonymous
 // pages are mapped on their first write, so resident memory grows with the
 // blocks sequences actually use, not with the pool (a 2 GiB pool costs
 // nothing until it fills). A never-written page reads as zeros, though
@@ -28,8 +33,8 @@ namespace {
 // other work ran 81-200 ms instead of 63-65 (bench_limits, Zen 5: page walks
 // over page tables the other work had evicted). Resident memory still
 // follows use, in 2 MiB steps per pool. Without THP this is plain memory.
-torch::Tensor untouched_cpu_pool(const std::vector<int64_t>& shape) {
-  size_t bytes = sizeof(float);
+torch::Tensor untouched_cpu_pool(const std::vector<int64_t>& shape, KvDtype dtype) {
+  size_t bytes = static_cast<size_t>(element_bytes(dtype));
   for (int64_t d : shape) bytes *= static_cast<size_t>(d);
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t reserved = bytes + kHuge;  // room to align the start
@@ -43,38 +48,57 @@ torch::Tensor untouched_cpu_pool(const std::vector<int64_t>& shape) {
   madvise(start, bytes, MADV_HUGEPAGE);  // advice only
   return at::from_blob(
       start, shape, [mem, reserved](void*) { munmap(mem, reserved); },
-      torch::TensorOptions().dtype(torch::kFloat32));
+      torch::TensorOptions().dtype(scalar_type(dtype)));
+}
+
+// One head's row of D values into the pool, as its dtype.
+inline void store_row(float* dst, const float* src, int64_t D) {
+  std::memcpy(dst, src, static_cast<size_t>(D) * sizeof(float));
+}
+inline void store_row(c10::BFloat16* dst, const float* src, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = c10::BFloat16(src[d]);  // to nearest, ties to even
 }
 
 }  // namespace
 
+KvDtype parse_kv_cache_dtype(const std::string& name, WeightDtype weights) {
+  if (name == "auto") return weights == WeightDtype::kBFloat16 ? KvDtype::kBFloat16 : KvDtype::kFloat32;
+  if (name == "float32" || name == "fp32") return KvDtype::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return KvDtype::kBFloat16;
+  throw std::invalid_argument("--kv-cache-dtype '" + name + "': expected auto, float32 or bfloat16");
+}
+
+const char* to_string(KvDtype dtype) { return dtype == KvDtype::kBFloat16 ? "bfloat16" : "float32"; }
+
+int64_t element_bytes(KvDtype dtype) { return dtype == KvDtype::kBFloat16 ? 2 : 4; }
+
 PagedKvCache::PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size,
-                           torch::Device device)
-    : config_(config), num_blocks_(num_blocks), block_size_(block_size), device_(device) {
+                           torch::Device device, KvDtype dtype)
+    : config_(config), num_blocks_(num_blocks), block_size_(block_size), device_(device), dtype_(dtype) {
   config_.validate();
   if (num_blocks < 1)
     throw std::invalid_argument("PagedKvCache: num_blocks must be >= 1, got " + std::to_string(num_blocks));
   if (block_size < 1)
     throw std::invalid_argument("PagedKvCache: block_size must be >= 1, got " + std::to_string(block_size));
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  const auto opts = torch::TensorOptions().dtype(scalar_type(dtype)).device(device);
   const std::vector<int64_t> shape{num_blocks, config_.n_head, block_size, config_.head_dim()};
   for (int l = 0; l < config_.n_layer; ++l) {
-    k_.push_back(device.is_cpu() ? untouched_cpu_pool(shape) : at::empty(shape, opts));
-    v_.push_back(device.is_cpu() ? untouched_cpu_pool(shape) : at::empty(shape, opts));
+    k_.push_back(device.is_cpu() ? untouched_cpu_pool(shape, dtype) : at::empty(shape, opts));
+    v_.push_back(device.is_cpu() ? untouched_cpu_pool(shape, dtype) : at::empty(shape, opts));
   }
 }
 
-int64_t PagedKvCache::bytes_per_block(const Gpt2Config& config, int64_t block_size) {
+int64_t PagedKvCache::bytes_per_block(const Gpt2Config& config, int64_t block_size, KvDtype dtype) {
   if (block_size < 1)
     throw std::invalid_argument("PagedKvCache: block_size must be >= 1, got " + std::to_string(block_size));
-  return 2 * static_cast<int64_t>(config.n_layer) * block_size * config.n_embd *
-         static_cast<int64_t>(sizeof(float));
+  return 2 * static_cast<int64_t>(config.n_layer) * block_size * config.n_embd * element_bytes(dtype);
 }
 
-int64_t PagedKvCache::blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size) {
+int64_t PagedKvCache::blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size,
+                                        KvDtype dtype) {
   if (bytes < 0)
     throw std::invalid_argument("PagedKvCache: bytes must be >= 0, got " + std::to_string(bytes));
-  return bytes / bytes_per_block(config, block_size);
+  return bytes / bytes_per_block(config, block_size, dtype);
 }
 
 void PagedKvCache::write(int layer, const torch::Tensor& slots, const torch::Tensor& k,
@@ -105,20 +129,26 @@ void PagedKvCache::write(int layer, const torch::Tensor& slots, const torch::Ten
   torch::Tensor vc = v.stride(2) == 1 ? v : v.contiguous();
   const float* ks = kc.data_ptr<float>();
   const float* vs = vc.data_ptr<float>();
-  float* kd = k_[static_cast<size_t>(layer)].data_ptr<float>();
-  float* vd = v_[static_cast<size_t>(layer)].data_ptr<float>();
   const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), vs0 = vc.stride(0), vs1 = vc.stride(1);
   const int64_t bs = block_size_;
-  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t blk = sp[t] / bs, off = sp[t] % bs;
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t dst = ((blk * H + h) * bs + off) * D;
-        std::memcpy(kd + dst, ks + t * ks0 + h * ks1, static_cast<size_t>(D) * sizeof(float));
-        std::memcpy(vd + dst, vs + t * vs0 + h * vs1, static_cast<size_t>(D) * sizeof(float));
+  auto copy = [&](auto* kd, auto* vd) {
+    at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t blk = sp[t] / bs, off = sp[t] % bs;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t dst = ((blk * H + h) * bs + off) * D;
+          store_row(kd + dst, ks + t * ks0 + h * ks1, D);
+          store_row(vd + dst, vs + t * vs0 + h * vs1, D);
+        }
       }
-    }
-  });
+    });
+  };
+  torch::Tensor& kp = k_[static_cast<size_t>(layer)];
+  torch::Tensor& vp = v_[static_cast<size_t>(layer)];
+  if (dtype_ == KvDtype::kBFloat16)
+    copy(kp.data_ptr<c10::BFloat16>(), vp.data_ptr<c10::BFloat16>());
+  else
+    copy(kp.data_ptr<float>(), vp.data_ptr<float>());
 }
 
 void PagedKvCache::write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k,
@@ -133,8 +163,8 @@ void PagedKvCache::write_with_torch_ops(int layer, const torch::Tensor& slots, c
   // Advanced indices split by a slice put the indexed dims first: [T, H, D].
   // Caller checks slot range and shapes (write() does).
   using torch::indexing::Slice;
-  kp.index_put_({blk, Slice(), off}, k);
-  vp.index_put_({blk, Slice(), off}, v);
+  kp.index_put_({blk, Slice(), off}, k.to(kp.scalar_type()));
+  vp.index_put_({blk, Slice(), off}, v.to(vp.scalar_type()));
 }
 
 }  // namespace troupe::model

@@ -5,45 +5,63 @@
 // table names; slot = block * block_size + offset. Who owns which block is the
 // scheduler's business (BlockAllocator); this class only holds the memory.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <torch/types.h>
 
 #include "model/config.hpp"
+#include "model/linear.hpp"
 
 namespace troupe::model {
+
+// What a KV slot stores (vLLM's --kv-cache-dtype). bfloat16 halves the bytes
+// a decode step reads and doubles the tokens a --kv-memory holds; K and V
+// are rounded to it (to nearest, ties to even) when written and widened to
+// fp32 in the attention kernel's registers.
+enum class KvDtype { kFloat32, kBFloat16 };
+// "auto" (the weights' storage: bfloat16 for bfloat16 weights, else
+// float32), "float32"/"fp32", "bfloat16"/"bf16"; std::invalid_argument otherwise.
+KvDtype parse_kv_cache_dtype(const std::string& name, WeightDtype weights);
+const char* to_string(KvDtype dtype);
+int64_t element_bytes(KvDtype dtype);
 
 class PagedKvCache {
  public:
   // num_blocks >= 1, block_size >= 1. Allocates 2 * n_layer pools of
-  // num_blocks * block_size * n_embd fp32 values on `device`, uninitialised:
+  // num_blocks * block_size * n_embd `dtype` values on `device`, uninitialised:
   // a slot holds garbage until its token's K/V is written. On the CPU the
   // pools are reserved without being touched, so resident memory follows
   // the blocks in use (never-written pages read as zeros).
   PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size = 16,
-               torch::Device device = torch::kCPU);
+               torch::Device device = torch::kCPU, KvDtype dtype = KvDtype::kFloat32);
 
-  // Bytes one block takes over all layers, K and V (fp32).
-  static int64_t bytes_per_block(const Gpt2Config& config, int64_t block_size);
+  // Bytes one block takes over all layers, K and V.
+  static int64_t bytes_per_block(const Gpt2Config& config, int64_t block_size,
+                                 KvDtype dtype = KvDtype::kFloat32);
   // How many blocks fit in `bytes` (rounded down; may be 0).
-  static int64_t blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size = 16);
+  static int64_t blocks_for_memory(const Gpt2Config& config, int64_t bytes, int64_t block_size = 16,
+                                   KvDtype dtype = KvDtype::kFloat32);
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_slots() const { return num_blocks_ * block_size_; }
-  int64_t bytes() const { return bytes_per_block(config_, block_size_) * num_blocks_; }
+  int64_t bytes() const { return bytes_per_block(config_, block_size_, dtype_) * num_blocks_; }
+  KvDtype dtype() const { return dtype_; }
   int n_layer() const { return config_.n_layer; }
   int n_head() const { return config_.n_head; }
   int head_dim() const { return config_.head_dim(); }
   torch::Device device() const { return device_; }
 
   // Pools of one layer: [num_blocks, n_head, block_size, head_dim], contiguous,
-  // so one head's block is one contiguous block_size x head_dim tile.
+  // so one head's block is one contiguous block_size x head_dim tile; fp32
+  // or bfloat16 (dtype()).
   const torch::Tensor& k(int layer) const { return k_.at(static_cast<size_t>(layer)); }
   const torch::Tensor& v(int layer) const { return v_.at(static_cast<size_t>(layer)); }
 
-  // Writes k, v ([T, n_head, head_dim], last dim contiguous, on the cache's
-  // device) into slots ([T] int64). On the CPU the slots are range-checked
+  // Writes k, v ([T, n_head, head_dim] fp32, last dim contiguous, on the
+  // cache's device) into slots ([T] int64), rounded to the cache's dtype.
+  // On the CPU the slots are range-checked
   // (std::invalid_argument); elsewhere the caller must have checked them.
   void write(int layer, const torch::Tensor& slots, const torch::Tensor& k, const torch::Tensor& v);
   // What write() does off the CPU (index_put_ on the pools, no range check);
@@ -56,6 +74,7 @@ class PagedKvCache {
   int64_t num_blocks_;
   int64_t block_size_;
   torch::Device device_;
+  KvDtype dtype_ = KvDtype::kFloat32;
   std::vector<torch::Tensor> k_, v_;
 };
 

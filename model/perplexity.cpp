@@ -137,7 +137,7 @@ PerplexityResult score_perplexity(const Gpt2& model, const std::vector<int32_t>&
   // The serving engine's forward (its attention kernel, the LM head on the
   // requested rows only).
   PagedKvCache cache(model.config(), (o.context + kPerplexityBlock - 1) / kPerplexityBlock, kPerplexityBlock,
-                     model.device());
+                     model.device(), o.kv_dtype);
   PerplexityResult r;
   r.seconds = each_chunk(ids, windows, o, r, progress, [&](const FlatBatch& batch, int64_t a, int64_t b) {
     const torch::Tensor rows = model.forward_step(batch, cache, PagedAttention::kAuto);
@@ -155,7 +155,7 @@ KlResult score_kl_divergence(const Gpt2& base, const Gpt2& model, const std::vec
   const std::vector<PerplexityWindow> windows = checked_windows(model, ids, o);
   const int64_t blocks = (o.context + kPerplexityBlock - 1) / kPerplexityBlock;
   PagedKvCache base_cache(base.config(), blocks, kPerplexityBlock, base.device());
-  PagedKvCache cache(model.config(), blocks, kPerplexityBlock, model.device());
+  PagedKvCache cache(model.config(), blocks, kPerplexityBlock, model.device(), o.kv_dtype);
   KlResult k;
   std::vector<double> kl;
   int64_t agree = 0;

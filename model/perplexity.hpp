@@ -24,6 +24,7 @@
 namespace troupe::model {
 
 class Gpt2;
+enum class KvDtype;  // paged_kv_cache.hpp
 
 struct PerplexityOptions {
   int64_t context = 0;             // tokens per window; 0 = the model's n_positions
@@ -34,6 +35,7 @@ struct PerplexityOptions {
   // halved the speed at 192 rows and more (Zen 5, 2026-12-04).
   int64_t chunk = 128;
   bool score_second_half = false;  // llama.cpp's windows instead of sliding ones
+  KvDtype kv_dtype{};              // the KV cache's storage (float32); KL's reference keeps float32
 };
 
 // `options` with its defaults filled in: context 0 = n_positions, stride 0 = context.

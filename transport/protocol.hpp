@@ -193,6 +193,7 @@ struct WorkerInfo {
   int64_t kv_bytes = 0;      // bytes of memory its KV pool takes (num_blocks x a block's bytes); 0 = not said
   std::string cost;          // its step-cost model (`troupe profile`'s "cost" object, JSON text); "" = none
   std::string dtype = "float32";  // its weights' storage (--dtype): "float32" or "bfloat16"
+  std::string kv_dtype = "float32";  // its KV cache's storage (--kv-cache-dtype): "float32" or "bfloat16"
 };
 
 // node -> head: first message of a node (again after a reconnect).

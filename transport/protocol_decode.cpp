@@ -369,6 +369,7 @@ Register get_register(const Fields& f) {
       w.opt("kv_bytes", i.kv_bytes, get_int<int64_t>);
       w.opt("cost", i.cost, get_str);
       w.opt("dtype", i.dtype, get_str);
+      w.opt("kv_dtype", i.kv_dtype, get_str);
       return i;
     });
   });

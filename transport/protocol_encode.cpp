@@ -252,7 +252,8 @@ struct Encoder {
     w.array(m.workers.size());
     for (const auto& i : m.workers) {
       const bool dtype = i.dtype != "float32";  // absent: float32, what a node before --dtype ran
-      w.map(8 + (i.kv_bytes != 0) + !i.cost.empty() + dtype);
+      const bool kv_dtype = i.kv_dtype != "float32";  // the same for --kv-cache-dtype
+      w.map(8 + (i.kv_bytes != 0) + !i.cost.empty() + dtype + kv_dtype);
       w.kv("index", i.index);
       w.kv("device", i.device);
       w.kv("num_blocks", i.num_blocks);
@@ -264,6 +265,7 @@ struct Encoder {
       if (i.kv_bytes != 0) w.kv("kv_bytes", i.kv_bytes);
       if (!i.cost.empty()) w.kv("cost", i.cost);
       if (dtype) w.kv("dtype", i.dtype);
+      if (kv_dtype) w.kv("kv_dtype", i.kv_dtype);
     }
   }
   void operator()(const Registered& m) {

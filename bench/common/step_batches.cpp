@@ -34,11 +34,11 @@ model::FlatBatch step_batch(int64_t S, int64_t rows, int64_t ctx, int64_t block_
 }
 
 std::unique_ptr<model::PagedKvCache> filled_cache(const model::Gpt2Config& config, int64_t blocks,
-                                                  int64_t block_size) {
-  auto c = std::make_unique<model::PagedKvCache>(config, blocks, block_size);
+                                                  int64_t block_size, model::KvDtype kv_dtype) {
+  auto c = std::make_unique<model::PagedKvCache>(config, blocks, block_size, torch::kCPU, kv_dtype);
   for (int l = 0; l < config.n_layer; ++l) {
-    c->k(l).normal_();
-    c->v(l).normal_();
+    c->k(l).copy_(torch::randn(c->k(l).sizes()));
+    c->v(l).copy_(torch::randn(c->v(l).sizes()));
   }
   return c;
 }

@@ -18,7 +18,8 @@ model::FlatBatch step_batch(int64_t S, int64_t rows, int64_t ctx, int64_t block_
 
 // A cache of `blocks` blocks, every slot filled with N(0, 1) values.
 std::unique_ptr<model::PagedKvCache> filled_cache(const model::Gpt2Config& config, int64_t blocks,
-                                                  int64_t block_size = 16);
+                                                  int64_t block_size = 16,
+                                                  model::KvDtype kv_dtype = model::KvDtype::kFloat32);
 
 // What such a step must do at least. FLOPs count 2 per multiply-add: every
 // linear layer for every token and the LM head for each sampling row (the

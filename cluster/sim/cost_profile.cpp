@@ -138,6 +138,7 @@ ordered_json CostProfile::to_json() const {
   j["created"] = created;
   j["device"] = device;
   j["dtype"] = dtype;
+  j["kv_cache_dtype"] = kv_cache_dtype;
   j["processor"] = processor;
   j["threads"] = threads;
   j["thread_summary"] = thread_summary;
@@ -176,6 +177,7 @@ CostProfile CostProfile::from_json(const json& j) {
   p.created = get<std::string>(j, "created");
   p.device = get<std::string>(j, "device");
   if (j.contains("dtype")) p.dtype = get<std::string>(j, "dtype");  // absent: a profile from before --dtype
+  if (j.contains("kv_cache_dtype")) p.kv_cache_dtype = get<std::string>(j, "kv_cache_dtype");  // the same
   p.processor = get<std::string>(j, "processor");
   p.threads = get<int32_t>(j, "threads");
   p.thread_summary = get<std::string>(j, "thread_summary");

@@ -163,6 +163,8 @@ TEST(Cli, GenerateModesAgreeAndSeedsReproduce) {
   auto paged = run_json(base + " --mode paged");
   EXPECT_EQ(naive["ids"], kv["ids"]);
   EXPECT_EQ(naive["ids"], paged["ids"]);
+  // The paged loop over a bfloat16 KV cache runs (its tokens may differ: another model).
+  EXPECT_EQ(run_json(base + " --mode paged --kv-cache-dtype bfloat16")["ids"].size(), 12u);
   std::string sampled = base + " --temperature 1.0 --top-p 0.9 --seed 42";
   auto a = run_json(sampled + " --mode kv");
   auto b = run_json(sampled + " --mode paged");
@@ -232,6 +234,8 @@ TEST(Cli, GenerateErrorsExitNonZeroWithMessage) {
       {"generate " + model_flag() + " --prompt hi --logit-bias 11=101", "[-100, 100]"},
       {"generate " + model_flag() + " --prompt hi --logit-bias 11=1 --logit-bias 11=2", "twice"},
       {"generate " + model_flag() + " --prompt hi --logit-bias 50257=1", "vocabulary"},
+      {"generate " + model_flag() + " --prompt hi --kv-cache-dtype bfloat16", "--mode paged"},
+      {"generate " + model_flag() + " --prompt hi --mode paged --kv-cache-dtype fp8", "kv-cache-dtype"},
   };
   for (const auto& c : cases) {
     auto r = run_command(tcmd(c.args));
@@ -465,6 +469,18 @@ TEST(Cli, PerplexityJsonIsConsistentAndIndependentOfTheChunkSize) {
   EXPECT_EQ(kl["tokens_scored"], a["tokens_scored"]);
   EXPECT_NEAR(kl["ppl_float32"].get<double>(), a["ppl"].get<double>(), 1e-6 * a["ppl"].get<double>());
   EXPECT_NEAR(kl["ppl"].get<double>(), bf["ppl"].get<double>(), 1e-6 * bf["ppl"].get<double>());
+
+  EXPECT_EQ(kl["kv_cache_dtype"], "bfloat16") << "auto: the weights' dtype";
+  // A bfloat16 KV cache alone, and bfloat16 weights over a float32 one.
+  const json kv = run_json(base + " --context 64 --stride 32 --kv-cache-dtype bfloat16 --kl-divergence");
+  EXPECT_EQ(kv["dtype"], "float32");
+  EXPECT_EQ(kv["kv_cache_dtype"], "bfloat16");
+  EXPECT_GT(kv["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(kv["kl_mean"].get<double>(), 0.01);
+  EXPECT_GT(kv["top1_agreement"].get<double>(), 0.8);
+  const json w16 = run_json(base + " --context 64 --stride 32 --dtype bf16 --kv-cache-dtype float32 --kl-divergence");
+  EXPECT_EQ(w16["kv_cache_dtype"], "float32");
+  EXPECT_NE(w16["kl_mean"].get<double>(), kl["kl_mean"].get<double>());
 
   auto r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --kl-divergence"));
   EXPECT_NE(r.status, 0);

@@ -651,9 +651,10 @@ TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
   EXPECT_EQ(emu->wait(seconds(60)), std::optional<int>(0)) << emu->log();
 }
 
-// --dtype: a node whose weights are stored otherwise than the head's is
-// refused (it says why and exits) unless the head allows mixed dtypes; a
-// bfloat16 node serves a bfloat16 head's jobs as the same model run here.
+// --dtype: a node whose weights (or KV cache) are stored otherwise than the
+// head's is refused (it says why and exits) unless the head allows mixed
+// dtypes; a bfloat16 node (bfloat16 KV: auto) serves a head's jobs as the
+// same model run here.
 TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
   TempDir dir;
   {
@@ -661,6 +662,9 @@ TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
     auto node = start_worker(dir, head, "bf", {"--dtype", "bfloat16"});
     EXPECT_NE(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
     EXPECT_NE(node->log().find("--dtype bfloat16, the head float32"), std::string::npos) << node->log();
+    auto kv = start_worker(dir, head, "kv", {"--kv-cache-dtype", "bfloat16"});
+    EXPECT_NE(kv->wait(seconds(60)), std::optional<int>(0)) << kv->log();
+    EXPECT_NE(kv->log().find("--kv-cache-dtype bfloat16, the head float32"), std::string::npos) << kv->log();
   }
   const std::string jobs = dir.file("jobs.jsonl");
   write_jobs(jobs, 6, 8, 3);

@@ -172,7 +172,7 @@ TEST(Membership, NoMoreNodesThanMaxNodes) {
 // its memory.
 TEST(Membership, AWorkersKvPoolMustFitItsDeclaredMemory) {
   MembershipOptions o = options();
-  o.kv_bytes_per_token = 1000;
+  o.kv_values_per_token = 250;  // 1000 bytes a token at float32
   o.max_worker_kv_bytes = int64_t{1} << 30;
   Membership m(o, 1);
   const auto now = Clock::now();
@@ -192,6 +192,19 @@ TEST(Membership, AWorkersKvPoolMustFitItsDeclaredMemory) {
       std::string::npos);
   EXPECT_EQ(m.num_nodes(), 0u);
   joined(m.on_register("p", with(64, 64 * 16 * 1000), now));
+
+  // A bfloat16 pool needs half the bytes; an unknown KV dtype is refused.
+  MembershipOptions lenient = o;
+  lenient.allow_mixed_dtypes = true;
+  Membership half(lenient, 1);
+  transport::Register bf = with(64, 64 * 16 * 500 - 1);
+  bf.workers[0].kv_dtype = "bfloat16";
+  EXPECT_NE(refusal(half.on_register("p", bf, now)).detail.find("need 512000 bytes"), std::string::npos);
+  bf.workers[0].kv_bytes = 64 * 16 * 500;
+  joined(half.on_register("p", bf, now));
+  bf.workers[0].kv_dtype = "float8";
+  EXPECT_NE(refusal(half.on_register("q", bf, now)).reply.reason.find("unknown KV dtype 'float8'"),
+            std::string::npos);
 }
 
 TEST(Membership, ADrainedNodeIsForgottenWithItsLastWorker) {
@@ -236,6 +249,26 @@ TEST(Membership, AWorkerOfAnotherDtypeIsRefusedUnlessMixedDtypesAreAllowed) {
   EXPECT_EQ(j.workers[0].info.dtype, "bfloat16");
   MembershipOptions head_bf16 = options();
   head_bf16.dtype = "bfloat16";
+  Membership bf_head(head_bf16, 1);
+  EXPECT_EQ(joined(bf_head.on_register("peer-bf", bf16, now)).workers.size(), 1u);
+  refusal(bf_head.on_register("peer-fp", node("fp", 1), now));
+}
+
+// The same for the KV cache's storage (--kv-cache-dtype).
+TEST(Membership, AWorkerOfAnotherKvDtypeIsRefusedUnlessMixedDtypesAreAllowed) {
+  Membership m(options(), 1);
+  const auto now = Clock::now();
+  transport::Register bf16 = node("bf", 1);
+  bf16.workers[0].kv_dtype = "bfloat16";
+  const Membership::Refusal no = refusal(m.on_register("peer-bf", bf16, now));
+  EXPECT_NE(no.reply.reason.find("--kv-cache-dtype bfloat16, the head float32"), std::string::npos)
+      << no.reply.reason;
+  MembershipOptions mixed = options();
+  mixed.allow_mixed_dtypes = true;
+  Membership lenient(mixed, 1);
+  EXPECT_EQ(joined(lenient.on_register("peer-bf", bf16, now)).workers[0].info.kv_dtype, "bfloat16");
+  MembershipOptions head_bf16 = options();
+  head_bf16.kv_dtype = "bfloat16";
   Membership bf_head(head_bf16, 1);
   EXPECT_EQ(joined(bf_head.on_register("peer-bf", bf16, now)).workers.size(), 1u);
   refusal(bf_head.on_register("peer-fp", node("fp", 1), now));

@@ -193,6 +193,56 @@ TEST_P(AttentionVariant, KernelIsRightOnOneOrManyThreads) {
   at::set_num_threads(saved);
 }
 
+// bfloat16 pools: K/V widened in registers, so the result is bit-equal to
+// the same path on fp32 pools holding the rounded values, on every code path
+// of the kernel (decodes of whole heads and of one head, few and many prefill
+// rows) where the head dimension is whole vectors, within an ulp or two where
+// it is not (D 40), and bit-equal in the gather path.
+TEST_P(AttentionVariant, BfloatPoolsEqualFp32PoolsOfTheRoundedValues) {
+  TROUPE_SKIP_UNLESS_CPU_RUNS(GetParam());
+  ScopedKernelIsa scope(GetParam());
+  std::mt19937 rng(21);
+  for (int64_t bs : {16, 8}) {
+    for (int64_t D : {64, 32, 40}) {
+      // Enough decodes that whole-head items run (S >= 2 x threads) as well as per-head ones.
+      std::vector<int64_t> ctx{1, 300, 17, 90, 33, 5, 64, 200, 9, 41};
+      std::vector<int64_t> rows{1, 1, 17, 21, 1, 3, 1, 1, 1, 8};
+      Problem p = make_problem(5, D, bs, ctx, rows, static_cast<uint32_t>(rng()));
+      SCOPED_TRACE("bs " + std::to_string(bs) + " D " + std::to_string(D));
+      PagedAttentionInput b16 = p.in;
+      b16.k_pool = p.in.k_pool.to(torch::kBFloat16);
+      b16.v_pool = p.in.v_pool.to(torch::kBFloat16);
+      EXPECT_GT(max_diff(b16.k_pool.to(torch::kFloat32), p.in.k_pool), 0.0) << "rounding changed nothing";
+      p.in.k_pool = b16.k_pool.to(torch::kFloat32);
+      p.in.v_pool = b16.v_pool.to(torch::kFloat32);
+      const torch::Tensor want = reference(p);
+      const torch::Tensor k32 = paged_attention_cpu(p.in), k16 = paged_attention_cpu(b16);
+      if (D % 16 == 0) {
+        EXPECT_TRUE(torch::equal(k16, k32)) << max_diff(k16, k32);
+      } else {
+        // The dot-product fallback: the compiler may contract a multiply-add
+        // into an FMA in one element type's loop and not the other's (an ulp).
+        EXPECT_LT(max_diff(k16, k32), 2e-6);
+      }
+      EXPECT_LT(max_diff(k16, want), 1e-5);
+      const torch::Tensor g32 = paged_attention_gather(p.in), g16 = paged_attention_gather(b16);
+      EXPECT_TRUE(torch::equal(g16, g32)) << max_diff(g16, g32);
+    }
+  }
+}
+
+TEST_P(AttentionVariant, BfloatPoolsPropagateANanAndRefuseMixedPools) {
+  TROUPE_SKIP_UNLESS_CPU_RUNS(GetParam());
+  ScopedKernelIsa scope(GetParam());
+  Problem p = make_problem(2, 64, 16, {40}, {1}, 4);
+  p.in.k_pool = p.in.k_pool.to(torch::kBFloat16);
+  const int32_t blk = p.in.block_tables[0][1].item<int32_t>();
+  p.in.v_pool.select(0, blk).select(1, 3).fill_(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THROW(paged_attention_cpu(p.in), std::invalid_argument) << "fp32 V with bfloat16 K";
+  p.in.v_pool = p.in.v_pool.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::isnan(paged_attention_cpu(p.in)).all().item<bool>());
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, AttentionVariant, ::testing::ValuesIn(all_isas()), test::isa_name);
 
 }  // namespace

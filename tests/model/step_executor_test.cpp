@@ -178,6 +178,40 @@ TEST(StepExecutor, SeededSequenceDrawsTheSameTokensAloneOrInABatch) {
   EXPECT_NE(batch[0].generated(), alone_ids);
 }
 
+// A bfloat16 KV cache (--kv-cache-dtype bfloat16): a seeded sequence draws
+// the same tokens alone or in a batch, chunked otherwise, through the
+// kernel or the gather path; and the cache does hold bfloat16.
+TEST(StepExecutor, BfloatKvDrawsTheSameTokensAloneOrInABatchOnBothPaths) {
+  const auto& t = tiny();
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 99;
+  std::vector<int32_t> alone_ids;
+  {
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize, torch::kCPU, KvDtype::kBFloat16);
+    StepExecutor ex(t.model, cache);
+    std::vector<Script> alone = {make(5, "Rounded keys and values must not care about neighbours", 16, 0, p)};
+    run(ex, alone, 64, 2);
+    alone_ids = alone[0].generated();
+    EXPECT_EQ(cache.k(0).scalar_type(), torch::kBFloat16);
+    EXPECT_GT(cache.k(0).to(torch::kFloat32).abs().sum().item<float>(), 0.f) << "the cache was written";
+  }
+  ASSERT_EQ(alone_ids.size(), 16u);
+  for (PagedAttention path : {PagedAttention::kKernel, PagedAttention::kGather}) {
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize, torch::kCPU, KvDtype::kBFloat16);
+    StepExecutor ex(t.model, cache, path);
+    SamplingParams other = p;
+    other.seed = 1;
+    std::vector<Script> batch = {
+        make(1, "Some neighbour with different params", 20, 0, other),
+        make(2, "Another, greedy", 10, 1, greedy()),
+        make(5, "Rounded keys and values must not care about neighbours", 16, 2, p),
+    };
+    run(ex, batch, 3, 3);
+    EXPECT_EQ(batch[2].generated(), alone_ids) << (path == PagedAttention::kKernel ? "kernel" : "gather");
+  }
+}
+
 TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);

@@ -117,11 +117,13 @@ TEST(ProtocolRoundTrip, PlanAndResultFields) {
   EXPECT_EQ(p.new_seqs[1].sampling.prompt_logprobs, -1);
 }
 
-TEST(ProtocolRoundTrip, AWorkersDtypeTravelsAndDefaultsToFloat32) {
+TEST(ProtocolRoundTrip, AWorkersDtypesTravelAndDefaultToFloat32) {
   auto reg = std::get<Register>(decode_ok(encode(test::sample_messages()[10])));
   ASSERT_EQ(reg.workers.size(), 2u);
   EXPECT_EQ(reg.workers[0].dtype, "float32");
   EXPECT_EQ(reg.workers[1].dtype, "bfloat16");
+  EXPECT_EQ(reg.workers[0].kv_dtype, "float32");
+  EXPECT_EQ(reg.workers[1].kv_dtype, "bfloat16");
   EXPECT_EQ(encode(test::sample_messages()[10]).find("float32"), std::string::npos)
       << "float32 is the default: not written (what a node from before --dtype sends)";
 }

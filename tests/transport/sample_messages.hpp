@@ -117,7 +117,7 @@ inline std::vector<Message> sample_messages() {
   Register reg;
   reg.node = "host-1:pid-99";
   reg.workers.push_back({0, "cpu", 2048, 16, 1024, 50257, 4, 0x0123456789abcdefull, 0, "", "float32"});
-  reg.workers.push_back({1, "cuda:0", 100000, 32, 2048, 50257, 0, 7, 0, "", "bfloat16"});
+  reg.workers.push_back({1, "cuda:0", 100000, 32, 2048, 50257, 0, 7, 0, "", "bfloat16", "bfloat16"});
   all.push_back(reg);
   all.push_back(Registered{{{0, 10}, {1, 11}}, 500, 4});
   all.push_back(Refused{"model fingerprint differs"});

@@ -149,7 +149,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
     for (const Item& it : p.items) b += blocks_for(it.start + it.n, o.block_size);
     max_blocks = std::max(max_blocks, b);
   }
-  model::PagedKvCache cache(cfg, max_blocks, o.block_size, gpt.device());
+  model::PagedKvCache cache(cfg, max_blocks, o.block_size, gpt.device(), o.kv_dtype);
   model::StepExecutor exec(gpt, cache);
 
   auto chunks_of = [&](const Point& p) {
@@ -210,6 +210,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   prof.created = utc_now();
   prof.device = gpt.device().str();
   prof.dtype = model::to_string(gpt.dtype());
+  prof.kv_cache_dtype = model::to_string(o.kv_dtype);
   prof.processor = gpt.device().is_cpu() ? core::cpu_model_name() : gpt.device().str();
   prof.threads = at::get_num_threads();
   prof.thread_summary = model::thread_summary();
@@ -223,7 +224,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   prof.model.vocab_size = cfg.vocab_size;
   prof.model.eos_token_id = cfg.eos_token_id;
   prof.block_size = o.block_size;
-  prof.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1);
+  prof.kv_bytes_per_token = model::PagedKvCache::bytes_per_block(cfg, 1, o.kv_dtype);
   prof.sampling = "greedy";
   return prof;
 }

@@ -22,6 +22,7 @@
 
 #include "cluster/sim/cost_profile.hpp"
 #include "model/gpt2.hpp"
+#include "model/paged_kv_cache.hpp"
 
 namespace troupe::cluster {
 
@@ -33,6 +34,7 @@ struct ProfileOptions {
   int64_t max_kv_tokens = 0;       // KV slots a step may fill; 0 = 32768, quick 4096
   int32_t max_batched_tokens = 0;  // largest step; 0 = 2048 (troupe batch's default), quick 256
   uint64_t seed = 0;               // tokens and held-out steps
+  model::KvDtype kv_dtype = model::KvDtype::kFloat32;  // the KV cache's storage (--kv-cache-dtype)
   sim::RepStat stat = sim::RepStat::kMin;                   // a point's time: its fastest run, or the median
   std::function<void(size_t done, size_t total)> progress;  // after each point
 };
