@@ -51,6 +51,7 @@ struct SimulateFlags {
   bool json_itls = false, find_workers = false, progress = false, quiet = false;
   int32_t max_workers = 1024;
   std::vector<std::string> goodput;
+  std::vector<std::string> fail_workers, hang_workers, drain_workers;  // ID@SECONDS each
   double slo_attainment = 0.9, sample_interval_s = 1;
   CLI::App* app = nullptr;
   bool given(const char* flag) const { return app->count(flag) > 0; }
@@ -223,6 +224,10 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   if (f.overlong != "clip" && f.overlong != "fail")
     throw std::invalid_argument("--overlong must be clip or fail, got '" + f.overlong + "'");
   o.overlong = f.overlong == "clip" ? sim::OverlongPolicy::kClip : sim::OverlongPolicy::kFail;
+  for (const auto& [kind, list] : {std::pair{sim::FaultKind::kKill, &f.fail_workers},
+                                   std::pair{sim::FaultKind::kHang, &f.hang_workers},
+                                   std::pair{sim::FaultKind::kDrain, &f.drain_workers}})
+    for (const std::string& text : *list) o.faults.push_back(sim::parse_fault(kind, text));
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)
       throw std::invalid_argument("--step-log writes one run's steps: not with --sweep or --find-workers");
@@ -418,6 +423,7 @@ int run_simulate(const SimulateFlags& f) {
   const Run r = run_once(f, s, s.spec, rate, "simulating");
   std::printf("%s", core::format_summary(r.metrics, "Simulation Result").c_str());
   std::printf("%s", sim::format_cluster_summary(r.result).c_str());
+  std::printf("%s", sim::format_fault_summary(r.result).c_str());
   if (!f.json.empty()) {
     sim::ReportOptions ro;
     ro.metrics = s.metrics;
@@ -500,6 +506,14 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
   sub->add_flag("--no-worker-tables", f->no_worker_tables,
                 "Run plans without each worker's plan check (SequenceTable): same result, faster");
   sub->add_option("--placement", f->placement, "round-robin, least-loaded or prefix-affinity");
+  sub->add_option("--fail-worker", f->fail_workers,
+                  "Kill worker ID at T seconds of virtual time (ID@T, repeatable): the head removes it, its "
+                  "requests move and are recomputed");
+  sub->add_option("--hang-worker", f->hang_workers,
+                  "Hang worker ID at T seconds (ID@T, repeatable): its steps never finish until the step "
+                  "deadline lets it go");
+  sub->add_option("--drain-worker", f->drain_workers,
+                  "Drain worker ID at T seconds (ID@T, repeatable): no new requests; those it has not started move");
   sub->add_option("--overlong", f->overlong, "Requests longer than the model's context: clip or fail");
   sub->add_option("--seed", f->seed, "Seed of the workload, prompts and schedulers");
   sub->add_option("--json", f->json, "Write the result (vLLM's benchmark keys + the cluster's side)");

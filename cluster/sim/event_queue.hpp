@@ -3,8 +3,8 @@
 // nanoseconds). Ties are broken explicitly, so a run is a pure function of
 // its inputs: events at the same time pop by kind in the order below
 // (work finishing on workers first, then messages reaching workers, then
-// results reaching the head, then timers, then new arrivals, then
-// measurement), and events of one kind at one time in the order they were
+// results reaching the head, then faults, then timers, then new arrivals,
+// then measurement), and events of one kind at one time in the order they were
 // pushed.
 #include <algorithm>
 #include <cstdint>
@@ -18,9 +18,11 @@ enum class EventKind : uint8_t {
   kStepDone = 0,      // a worker finished computing a step
   kPlanArrive = 1,    // a step plan reached its worker
   kResultArrive = 2,  // a step result reached the head
-  kDeadline = 3,      // the batcher's timer for requests waiting for a worker
-  kArrival = 4,       // a client sends a request
-  kSample = 5,        // record the time series (sees everything else at that time)
+  kFault = 3,         // a scripted fault (SimOptions::faults) strikes a worker
+  kWatchdog = 4,      // the head's step-deadline check (while a hung worker is not yet found out)
+  kDeadline = 5,      // the batcher's timer for requests waiting for a worker
+  kArrival = 6,       // a client sends a request
+  kSample = 7,        // record the time series (sees everything else at that time)
 };
 
 struct Event {

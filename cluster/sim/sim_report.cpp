@@ -88,6 +88,10 @@ ordered_json simulation_json(const SimResult& r, const core::ServingMetrics& m, 
   j["clipped_requests"] = r.clipped;
   j["events"] = r.events;
   j["workers"] = std::move(workers);
+  if (!r.faults.empty()) {
+    const ordered_json faults = fault_json(r);  // kept alive: items() is a view
+    for (const auto& [k, v] : faults.items()) j[k] = v;
+  }
 
   ordered_json series;
   series["interval_s"] = s(r.sample_interval_ns);
@@ -192,6 +196,87 @@ void write_csv_reports(const std::string& dir, const SimResult& r) {
     }
     if (!out) throw std::runtime_error("error writing '" + (d / "requests.csv").string() + "'");
   }
+}
+
+namespace {
+
+// The latencies of the requests a fault moved (affected) or of the others.
+ordered_json group_json(const SimResult& r, bool affected) {
+  std::vector<core::RequestTiming> group;
+  for (size_t i = 0; i < r.requests.size(); ++i)
+    if ((r.affected[i] != 0) == affected) group.push_back(r.requests[i]);
+  ordered_json g;
+  g["requests"] = group.size();
+  if (group.empty()) return g;
+  const core::ServingMetrics m = core::compute_serving_metrics(group, duration_s(r), {{50, 99}, {}});
+  g["completed"] = m.completed;
+  g["median_ttft_ms"] = m.ttft.median_ms;
+  g["p99_ttft_ms"] = m.ttft.at(99);
+  g["median_tpot_ms"] = m.tpot.median_ms;
+  g["p99_tpot_ms"] = m.tpot.at(99);
+  g["median_e2el_ms"] = m.e2el.median_ms;
+  return g;
+}
+
+std::string fixed3(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", v);
+  return b;
+}
+
+}  // namespace
+
+ordered_json fault_json(const SimResult& r) {
+  ordered_json j;
+  ordered_json list = ordered_json::array();
+  int64_t moved = 0, tokens = 0;
+  for (const FaultReport& f : r.faults) {
+    list.push_back({{"kind", to_string(f.fault.kind)},
+                    {"worker", f.fault.worker},
+                    {"at_s", s(f.fault.at_ns)},
+                    {"removed_s", f.removed_ns >= 0 ? ordered_json(s(f.removed_ns)) : ordered_json(nullptr)},
+                    {"requests_moved", f.requests_moved},
+                    {"tokens_recomputed", f.tokens_recomputed}});
+    moved += f.requests_moved;
+    tokens += f.tokens_recomputed;
+  }
+  j["faults"] = std::move(list);
+  j["requests_moved"] = moved;
+  j["tokens_recomputed"] = tokens;
+  j["affected"] = group_json(r, true);
+  j["unaffected"] = group_json(r, false);
+  return j;
+}
+
+std::string format_fault_summary(const SimResult& r) {
+  if (r.faults.empty()) return {};
+  const ordered_json j = fault_json(r);
+  std::string out = "--------------------- Faults ---------------------\n";
+  char line[512];
+  for (const auto& f : j["faults"]) {
+    std::snprintf(line, sizeof line, "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n",
+                  f["kind"].get<std::string>().c_str(), f["worker"].get<unsigned long long>(),
+                  f["at_s"].get<double>(),
+                  f["removed_s"].is_null() ? "still on the head's books"
+                                           : ("gone at " + fixed3(f["removed_s"].get<double>()) + " s").c_str(),
+                  f["requests_moved"].get<int>(), f["tokens_recomputed"].get<long long>());
+    out += line;
+  }
+  for (const char* g : {"affected", "unaffected"}) {
+    const ordered_json& x = j[g];
+    if (x["requests"].get<size_t>() == 0 || !x.contains("median_ttft_ms")) {
+      std::snprintf(line, sizeof line, "%-10s requests: %zu\n", g, x["requests"].get<size_t>());
+    } else {
+      std::snprintf(line, sizeof line,
+                    "%-10s requests: %zu | TTFT median %.1f ms, p99 %.1f ms | TPOT median %.2f ms, p99 %.2f ms | "
+                    "E2EL median %.1f ms\n",
+                    g, x["requests"].get<size_t>(), x["median_ttft_ms"].get<double>(),
+                    x["p99_ttft_ms"].get<double>(), x["median_tpot_ms"].get<double>(),
+                    x["p99_tpot_ms"].get<double>(), x["median_e2el_ms"].get<double>());
+    }
+    out += line;
+  }
+  return out;
 }
 
 std::string format_cluster_summary(const SimResult& r, size_t max_rows) {

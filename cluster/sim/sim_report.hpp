@@ -35,4 +35,9 @@ void write_csv_reports(const std::string& dir, const SimResult& result);
 // then a summary of the rest) and the totals.
 std::string format_cluster_summary(const SimResult& result, size_t max_rows = 16);
 
+// The faults' side (empty without faults): what each did, and the latencies
+// of the requests they moved beside the others'.
+std::string format_fault_summary(const SimResult& result);
+nlohmann::ordered_json fault_json(const SimResult& result);
+
 }  // namespace troupe::cluster::sim

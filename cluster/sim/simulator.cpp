@@ -1,6 +1,8 @@
 #include "cluster/sim/simulator.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -10,6 +12,7 @@
 #include "cluster/sim/event_queue.hpp"
 #include "cluster/sim/table_checker.hpp"
 #include "core/sequence_table.hpp"
+#include "core/step_cost.hpp"
 #include "core/splitmix.hpp"
 
 namespace troupe::cluster::sim {
@@ -41,10 +44,27 @@ struct Worker {
   int64_t steps = 0, tokens_run = 0, refused = 0;
   int32_t peak_blocks = 0;
   double kv_use_sum = 0;
+  bool hung = false;                // a fault stopped it: its steps never finish
+  bool gone = false;                // the batcher let it go: its events are dropped
+  int64_t drain_fault = -1;         // draining: the fault's index (it leaves once drained)
+  core::SchedulerStats last_stats;  // its scheduler's, when it went
 
   explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
       : id(worker_id), spec(&s), table(table_options(s)) {}
   int64_t busy_until(int64_t now) const { return busy_ns + (busy ? now - started : 0); }
+};
+
+// The head's model of a worker's step time, for step deadlines: the
+// worker's own cost model, as a head has an emulated worker's (its profile
+// comes with it at register).
+class KnownStepCost : public core::StepCostModel {
+ public:
+  explicit KnownStepCost(std::shared_ptr<const CostModel> cost) : cost_(std::move(cost)) {}
+  int64_t predict_ns(const core::StepPlan& plan) override { return cost_->predict_ns(StepShape::of(plan)); }
+  void observe(uint64_t, double) override {}
+
+ private:
+  std::shared_ptr<const CostModel> cost_;
 };
 
 // A message's size matters only on a link with a bandwidth (encoding every
@@ -75,6 +95,11 @@ class Simulation {
       w.scheduler = s.scheduler;
       w.scheduler.seed = core::splitmix64(o.seed ^ (w.id * 0x51ed));
       w.scheduler.hash_key = core::splitmix64(o.seed ^ 0x4a54) | 1;  // fixed (0 draws a random key)
+      // Step deadlines matter only when a worker can hang; predicting every
+      // plan's cost costs time otherwise.
+      const bool hangs = std::any_of(o.faults.begin(), o.faults.end(),
+                                     [](const SimFault& f) { return f.kind == FaultKind::kHang; });
+      if (hangs) w.cost = std::make_shared<KnownStepCost>(s.cost);
       if (auto err = batcher_.add_worker(w)) throw std::invalid_argument("simulation: " + *err);
       workers_.emplace_back(s, w.id);
       max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);
@@ -98,6 +123,23 @@ class Simulation {
     }
     events_.set_arrivals(std::move(arrivals));  // request i's arrival targets i
     pending_work_events_ = static_cast<int64_t>(n);
+    state_.assign(n, 0);
+    if (!o.faults.empty()) {
+      if (o.watchdog_interval_ns < 1) throw std::invalid_argument("simulation: watchdog_interval_ns must be >= 1");
+      faults_ = o.faults;
+      std::stable_sort(faults_.begin(), faults_.end(),
+                       [](const SimFault& a, const SimFault& b) { return a.at_ns < b.at_ns; });
+      for (size_t i = 0; i < faults_.size(); ++i) {
+        const SimFault& f = faults_[i];
+        if (f.worker < 1 || f.worker > o.workers.size())
+          throw std::invalid_argument("simulation: a fault names worker " + std::to_string(f.worker) + " of " +
+                                      std::to_string(o.workers.size()));
+        if (f.at_ns < 0) throw std::invalid_argument("simulation: a fault's time must be >= 0");
+        result_.faults.push_back({f, -1, 0, 0});
+        push_work(f.at_ns, EventKind::kFault, i);
+      }
+      result_.affected.assign(n, 0);
+    }
     if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
     if (o.worker_tables && tables_on_thread) {
       std::vector<core::SequenceTableOptions> tables;
@@ -134,6 +176,12 @@ class Simulation {
           if (deadline_ && *deadline_ == now_) deadline_.reset();
           head_changed();
           break;
+        case EventKind::kFault:
+          fault(e.target);
+          break;
+        case EventKind::kWatchdog:
+          watchdog();
+          break;
         case EventKind::kArrival:
           arrival(e.target);
           break;
@@ -158,7 +206,7 @@ class Simulation {
       r.busy_ns = w.busy_ns;
       r.steps = w.steps;
       r.tokens_run = w.tokens_run;
-      const core::SchedulerStats st = batcher_.scheduler(w.id)->stats();
+      const core::SchedulerStats st = w.gone ? w.last_stats : batcher_.scheduler(w.id)->stats();
       r.tokens_generated = st.tokens_generated;
       r.preemptions = st.preemptions;
       r.prefix_query_tokens = st.prefix_query_tokens;
@@ -216,6 +264,7 @@ class Simulation {
     t.prompt_tokens = w.input_len;
     t.token_ns.reserve(static_cast<size_t>(w.output_len));  // one allocation of its final size
     ++outstanding_;
+    state_[i] = 1;
     if (auto err = batcher_.submit(std::move(r), now_)) {
       t.success = false;
       t.error = *err;
@@ -227,7 +276,7 @@ class Simulation {
   }
 
   void done(size_t i) {
-    (void)i;
+    state_[i] = 2;
     --outstanding_;
     ++finished_;
     ++finished_in_interval_;
@@ -246,6 +295,7 @@ class Simulation {
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
       for (uint64_t id : ids) {
+        if (id != 0 && !batcher_.has_worker(id)) continue;  // gone since it was touched
         if (o_.schedule_all_workers)
           plans_ = batcher_.schedule(now_);
         else
@@ -298,7 +348,121 @@ class Simulation {
     }
   }
 
+  // Faults. The requests a fault takes off its worker are the affected ones.
+  std::vector<size_t> requests_on(uint64_t worker) const {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < state_.size(); ++i)
+      if (state_[i] == 1 && batcher_.worker_of(i + 1) == worker) out.push_back(i);
+    return out;
+  }
+
+  // What the batcher did about one fault: its counters' growth since `before`.
+  void record(FaultReport& f, const core::BatcherCounters& before, const std::vector<size_t>& moved) {
+    f.requests_moved += static_cast<int32_t>(batcher_.counters().requests_moved - before.requests_moved);
+    f.tokens_recomputed += batcher_.counters().tokens_recomputed - before.tokens_recomputed;
+    for (size_t i : moved)
+      if (state_[i] == 1 && batcher_.worker_of(i + 1) != f.fault.worker) result_.affected[i] = 1;
+  }
+
+  // Every live worker may have work now (moved requests wait in their schedulers).
+  void touch_all() {
+    for (const Worker& w : workers_)
+      if (!w.gone) touched_.push_back(w.id);
+  }
+
+  void let_go(Worker& w) {
+    w.gone = true;
+    w.to_worker.clear();
+    w.queue.clear();
+    w.to_head.clear();
+    if (w.busy) w.busy_ns += now_ - w.started;
+    w.busy = false;
+  }
+
+  void fault(size_t k) {
+    FaultReport& f = result_.faults[k];
+    Worker& w = workers_[f.fault.worker - 1];
+    if (w.gone || (w.hung && f.fault.kind != FaultKind::kKill)) return;
+    const core::BatcherCounters before = batcher_.counters();
+    const std::vector<size_t> on = requests_on(w.id);
+    switch (f.fault.kind) {
+      case FaultKind::kKill:
+        w.last_stats = batcher_.scheduler(w.id)->stats();
+        batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
+        let_go(w);
+        f.removed_ns = now_;
+        break;
+      case FaultKind::kHang:
+        w.hung = true;
+        hang_faults_.push_back(k);
+        if (!watchdog_on_) {
+          watchdog_on_ = true;
+          push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+        }
+        return;  // found out later
+      case FaultKind::kDrain:
+        batcher_.drain_worker(w.id);
+        w.drain_fault = static_cast<int64_t>(k);
+        break;
+    }
+    record(f, before, on);
+    leave_if_drained(w);
+    touch_all();
+    head_changed();
+  }
+
+  // A drained worker leaves (its node exits), as the real one does.
+  void leave_if_drained(Worker& w) {
+    if (w.drain_fault < 0 || w.gone || !batcher_.drained(w.id)) return;
+    w.last_stats = batcher_.scheduler(w.id)->stats();
+    batcher_.remove_worker(w.id, now_, core::WorkerExit::kDrained);
+    let_go(w);
+    result_.faults[static_cast<size_t>(w.drain_fault)].removed_ns = now_;
+  }
+
+  // The step deadlines: a hung worker is let go when its oldest step is past
+  // its deadline (Batcher::take_hung), its requests moved.
+  void watchdog() {
+    std::vector<std::pair<size_t, std::vector<size_t>>> on;  // hang fault -> requests on its worker
+    for (size_t k : hang_faults_) {
+      Worker& w = workers_[result_.faults[k].fault.worker - 1];
+      if (w.gone) continue;
+      w.last_stats = batcher_.scheduler(w.id)->stats();
+      on.emplace_back(k, requests_on(w.id));
+    }
+    const core::BatcherCounters before = batcher_.counters();
+    const std::vector<core::HungWorker> hung = batcher_.take_hung(now_);
+    for (const core::HungWorker& h : hung) {
+      Worker& w = workers_[h.worker - 1];
+      if (!w.hung) w.last_stats = {};  // a worker no fault hung, past its deadline (a cost model far off)
+      let_go(w);
+      for (auto& [k, reqs] : on) {
+        FaultReport& f = result_.faults[k];
+        if (f.fault.worker != h.worker || f.removed_ns >= 0) continue;
+        f.removed_ns = now_;
+        // One batcher call may let several workers go: count each one's own requests.
+        core::BatcherCounters mine = before;
+        if (hung.size() > 1) {
+          int64_t tokens = 0;
+          for (size_t i : reqs) tokens += result_.requests[i].prompt_tokens + static_cast<int64_t>(result_.requests[i].token_ns.size());
+          mine.requests_moved = batcher_.counters().requests_moved - static_cast<int64_t>(reqs.size());
+          mine.tokens_recomputed = batcher_.counters().tokens_recomputed - tokens;
+        }
+        record(f, mine, reqs);
+      }
+    }
+    bool waiting = false;
+    for (size_t k : hang_faults_) waiting |= !workers_[result_.faults[k].fault.worker - 1].gone;
+    watchdog_on_ = waiting;
+    if (waiting) push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+    if (!hung.empty()) {
+      touch_all();
+      head_changed();
+    }
+  }
+
   void plan_arrives(Worker& w) {
+    if (w.gone) return;
     w.queue.push_back(std::move(w.to_worker.front()));
     w.to_worker.pop_front();
     if (!w.busy) start(w);
@@ -328,6 +492,7 @@ class Simulation {
   }
 
   void step_done(Worker& w) {
+    if (w.gone || w.hung) return;  // a hung worker's step never ends
     core::StepResult r;
     r.step_id = w.current_step;
     r.outputs.swap(w.spare_outputs);  // an arrived result's buffer
@@ -354,12 +519,14 @@ class Simulation {
   }
 
   void result_arrives(Worker& w) {
+    if (w.gone) return;  // sent before it went; the head drops it
     core::StepResult r = std::move(w.to_head.front());
     w.to_head.pop_front();
     if (o_.step_log) o_.step_log->done(w.id, r);
     if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
     w.spare_outputs = std::move(r.outputs);
     touched_.push_back(w.id);
+    leave_if_drained(w);
     head_changed();
   }
 
@@ -375,11 +542,15 @@ class Simulation {
     finished_in_interval_ = 0;
     const int64_t span = result_.series.empty() ? now_ : now_ - result_.series.back().t_ns;
     for (Worker& w : workers_) {
-      const core::Scheduler& s = *batcher_.scheduler(w.id);
       SeriesPoint::Worker x;
       const int64_t busy = w.busy_until(now_);
       x.busy = span > 0 ? static_cast<double>(busy - w.busy_at_sample) / static_cast<double>(span) : 0.0;
       w.busy_at_sample = busy;
+      if (w.gone) {  // nothing running, no blocks
+        p.workers.push_back(x);
+        continue;
+      }
+      const core::Scheduler& s = *batcher_.scheduler(w.id);
       x.blocks_used = s.allocator().num_used();
       x.running = s.num_running();
       x.waiting = s.num_waiting();
@@ -412,9 +583,40 @@ class Simulation {
   int32_t finished_in_interval_ = 0;
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
+  std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done
+  std::vector<SimFault> faults_;     // o_.faults in time order (result_.faults' order)
+  std::vector<size_t> hang_faults_;  // indices of the hang faults that struck
+  bool watchdog_on_ = false;
 };
 
 }  // namespace
+
+const char* to_string(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kKill:
+      return "kill";
+    case FaultKind::kHang:
+      return "hang";
+    case FaultKind::kDrain:
+      return "drain";
+  }
+  return "?";
+}
+
+SimFault parse_fault(FaultKind kind, const std::string& text) {
+  const size_t at = text.find('@');
+  const auto bad = [&] {
+    return std::invalid_argument("fault '" + text + "': expected WORKER@SECONDS, e.g. 3@30 (worker 3 at 30 s)");
+  };
+  if (at == std::string::npos || at == 0 || at + 1 >= text.size()) throw bad();
+  const std::string id = text.substr(0, at), t = text.substr(at + 1);
+  char* end = nullptr;
+  const unsigned long long w = std::strtoull(id.c_str(), &end, 10);
+  if (*end != '\0' || id.find_first_not_of("0123456789") != std::string::npos || w < 1) throw bad();
+  const double s = std::strtod(t.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(s) || s < 0 || s > 1e9) throw bad();
+  return {kind, w, static_cast<int64_t>(std::llround(s * 1e9))};
+}
 
 SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options) {
   if (workload.empty()) throw std::invalid_argument("simulation: the workload is empty");

@@ -21,6 +21,12 @@
 //   current step runs.
 // - Messages between the head and a remote worker take latency + bytes ÷
 //   bandwidth, in order per direction (network.hpp; sizes are estimates).
+// - Faults (SimOptions::faults) strike at fixed virtual times through the
+//   batcher's own code: a killed worker is removed (Batcher::remove_worker:
+//   its requests move and are recomputed), a hung one stops answering until
+//   the batcher's step deadline finds it out (Batcher::take_hung, checked
+//   every watchdog_interval_ns as the batcher actor's timer does), a
+//   drained one takes no new requests (Batcher::drain_worker).
 // - The head is instantaneous: planning costs no virtual time, and tokens
 //   reach the client when their result reaches the head. After each event it
 //   plans the workers whose state changed (Batcher::schedule(now, worker)).
@@ -59,6 +65,23 @@ struct SimWorkerSpec {
   int32_t table_blocks = 0;
 };
 
+// What a scripted fault does to its worker.
+enum class FaultKind {
+  kKill,   // its process is gone at that instant (SIGKILL): the head removes it at once
+  kHang,   // it stops answering (SIGSTOP, a stuck device): found out by the step deadline
+  kDrain,  // it is drained (SIGTERM): the requests it has not started move, the rest finish there
+};
+const char* to_string(FaultKind kind);  // "kill", "hang", "drain"
+
+struct SimFault {
+  FaultKind kind = FaultKind::kKill;
+  uint64_t worker = 0;  // 1..N
+  int64_t at_ns = 0;    // virtual time, >= 0
+};
+// "ID@T": worker ID at T seconds of virtual time ("3@30", "3@1.5"); throws
+// std::invalid_argument naming the text otherwise.
+SimFault parse_fault(FaultKind kind, const std::string& text);
+
 // A request longer than a worker's max_model_len: shortened (prompt first,
 // keeping at least one token) or refused (it fails, as the real batcher refuses it).
 enum class OverlongPolicy { kClip, kFail };
@@ -88,6 +111,12 @@ struct SimOptions {
   // `troupe serve --step-log`'s format (its `ms` the predicted time; idle_ms 0):
   // served and simulated steps side by side. Unset: none.
   std::shared_ptr<core::StepLog> step_log;
+  // Faults to inject, in any order (a second fault on a worker already gone
+  // does nothing).
+  std::vector<SimFault> faults;
+  // How often the head checks step deadlines while a hung worker is not yet
+  // found out (the batcher actor's watchdog ticks at a fraction of the floor).
+  int64_t watchdog_interval_ns = 250'000'000;
   // Called now and then (every 2^16 events) and at the end: requests finished, of total.
   std::function<void(int64_t finished, int64_t total)> progress;
 };
@@ -124,6 +153,14 @@ struct SeriesPoint {
   std::vector<Worker> workers;
 };
 
+// What one fault did.
+struct FaultReport {
+  SimFault fault;
+  int64_t removed_ns = -1;        // when the head let the worker go (kill: at once; hang: its deadline); -1 = never
+  int32_t requests_moved = 0;     // its unfinished requests that moved to other workers
+  int64_t tokens_recomputed = 0;  // their tokens whose KV was computed again elsewhere
+};
+
 struct SimResult {
   std::vector<core::RequestTiming> requests;  // one per workload request, in its order (id = index + 1)
   std::vector<int64_t> scheduled_ns;          // first admission to a step; -1 = never
@@ -135,6 +172,10 @@ struct SimResult {
   int64_t end_ns = 0;   // the last request's end
   uint64_t events = 0;  // events processed
   int32_t clipped = 0;  // requests shortened to fit max_model_len
+  std::vector<FaultReport> faults;  // one per SimOptions::faults entry, in time order
+  // Per request: a fault moved it off its worker (its latencies are the
+  // "affected" ones of the report). Empty without faults.
+  std::vector<char> affected;
 };
 
 // Throws std::invalid_argument on bad options, std::logic_error if the

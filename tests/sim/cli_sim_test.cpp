@@ -262,6 +262,31 @@ TEST(CliSimulate, CostScaleMultipliesEveryStepTime) {
               1e-4 * a["output_throughput"].get<double>());
 }
 
+// --fail-worker / --hang-worker / --drain-worker: the faults' section of the
+// report, the same bytes again for the same inputs.
+TEST(CliSimulate, FaultsAreReportedAndDeterministic) {
+  TempDir d;
+  const std::string args =
+      "--workers 4 --request-rate 40 --num-requests 120 --random-input-len 40 --random-output-len 24 --seed 2 "
+      "--fail-worker 1@0.5 --hang-worker 2@0.7 --drain-worker 3@5 --json ";
+  auto a = run_command(tcmd(sim_args(args + shell_quote(d.file("a.json")))));
+  ASSERT_EQ(a.status, 0) << a.output;
+  auto b = run_command(tcmd(sim_args(args + shell_quote(d.file("b.json")))));
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_EQ(read_file(d.file("a.json")), read_file(d.file("b.json")));
+  EXPECT_NE(a.output.find("Faults"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("kill  worker 1 at 0.500 s: gone at 0.500 s"), std::string::npos) << a.output;
+  const json j = json::parse(read_file(d.file("a.json")));
+  ASSERT_EQ(j["faults"].size(), 3u);
+  EXPECT_EQ(j["faults"][1]["kind"], "hang");
+  EXPECT_GT(j["faults"][1]["removed_s"].get<double>(), 0.7 + 4.9) << "the step deadline's 5 s floor";
+  EXPECT_EQ(j["requests_moved"].get<int64_t>(),
+            j["faults"][0]["requests_moved"].get<int64_t>() + j["faults"][1]["requests_moved"].get<int64_t>() +
+                j["faults"][2]["requests_moved"].get<int64_t>());
+  EXPECT_EQ(j["affected"]["requests"].get<int64_t>() + j["unaffected"]["requests"].get<int64_t>(), 120);
+  EXPECT_EQ(j["completed"].get<int64_t>(), 120);
+}
+
 TEST(CliSimulate, Errors) {
   auto expect = [](const std::string& args, int status, const std::string& what) {
     auto r = run_command(tcmd(args));
@@ -278,6 +303,8 @@ TEST(CliSimulate, Errors) {
   expect(sim_args("--trace-format azure"), 2, "--trace");
   expect(sim_args("--input-len-dist gauss:3"), 2, "gauss:3");
   expect("simulate --cost /nonexistent/cost.json", 1, "troupe profile");
+  expect(sim_args("--fail-worker 2"), 2, "WORKER@SECONDS");
+  expect(sim_args("--workers 2 --hang-worker 3@1"), 2, "worker 3 of 2");
   for (const char* bad : {"0", "-1", "nan", "inf"})
     expect(sim_args(std::string("--num-requests 3 --cost-scale ") + bad), 2,
            "--cost-scale must be a finite number > 0");

@@ -11,6 +11,7 @@
 
 #include "cluster/sim/cost_profile.hpp"
 #include "cluster/sim/event_queue.hpp"
+#include "cluster/sim/sim_report.hpp"
 #include "sim_test_utils.hpp"
 
 namespace troupe::cluster::sim {
@@ -434,6 +435,132 @@ TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
   RecordProperty("standard_error_ns", std::to_string(se));
   EXPECT_LT(se, 0.05 * expected);  // the test can tell a wrong queue from a right one
   EXPECT_NEAR(mean, expected, 4 * se) << "se " << se;
+}
+
+}  // namespace
+}  // namespace troupe::cluster::sim
+
+namespace troupe::cluster::sim {
+namespace {
+
+// Four workers of 5 ms steps, 200 requests over ~4 s: a fault at 1 s strikes
+// a busy cluster.
+std::vector<WorkloadRequest> fault_workload() {
+  SyntheticOptions so;
+  so.num_requests = 200;
+  so.request_rate = 50;
+  so.seed = 9;
+  so.input = parse_length_distribution("uniform:80:0.5");
+  so.output = parse_length_distribution("uniform:40:0.5");
+  return generate_synthetic(so);
+}
+
+SimOptions four_workers() {
+  SimOptions o;
+  for (int i = 0; i < 4; ++i) o.workers.push_back(worker(constant_cost(5 * kMs), 64));
+  o.batcher.placement = core::PlacementPolicy::kRoundRobin;
+  return o;
+}
+
+std::string json_of(const SimResult& r) { return simulation_json(r, simulation_metrics(r, {}), {}).dump(); }
+
+// A killed worker: the batcher's remove_worker moves its unfinished requests
+// (counted, recomputed), nothing is lost, the worker runs nothing after, and
+// the run is a pure function of its inputs.
+TEST(SimulatorFaults, AKilledWorkersRequestsMoveAndFinishElsewhere) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  const SimResult plain = simulate(w, o);
+  o.faults = {{FaultKind::kKill, 2, 1'000 * kMs}};
+  const SimResult r = simulate(w, o);
+  ASSERT_EQ(r.faults.size(), 1u);
+  const FaultReport& f = r.faults[0];
+  EXPECT_EQ(f.removed_ns, 1'000 * kMs);
+  EXPECT_GT(f.requests_moved, 0);
+  EXPECT_GT(f.tokens_recomputed, 0);
+  int affected = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_TRUE(r.requests[i].success) << i << ": " << r.requests[i].error;
+    EXPECT_EQ(r.requests[i].output_tokens, plain.requests[i].output_tokens) << i;
+    affected += r.affected[i];
+  }
+  EXPECT_EQ(affected, f.requests_moved);
+  EXPECT_LE(r.workers[1].busy_ns, 1'000 * kMs) << "a killed worker computes nothing after its death";
+  EXPECT_LT(r.workers[1].steps, plain.workers[1].steps);
+  // Deterministic with events, and byte-identical reports.
+  EXPECT_EQ(json_of(simulate(w, o)), json_of(r));
+  EXPECT_NE(json_of(r), json_of(plain));
+  const std::string text = format_fault_summary(r);
+  EXPECT_NE(text.find("kill  worker 2 at 1.000 s: gone at 1.000 s, " + std::to_string(f.requests_moved) +
+                      " requests moved"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(format_fault_summary(plain), "");
+}
+
+// A fault after the last request changes nothing about the requests.
+TEST(SimulatorFaults, AFaultAfterTheRunChangesNoRequest) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  const SimResult plain = simulate(w, o);
+  o.faults = {{FaultKind::kKill, 1, plain.end_ns + 1'000 * kMs}};
+  const SimResult r = simulate(w, o);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(r.requests[i].token_ns, plain.requests[i].token_ns) << i;
+  EXPECT_EQ(r.faults[0].removed_ns, -1);
+  EXPECT_EQ(r.faults[0].requests_moved, 0);
+}
+
+// A hung worker answers nothing until the step deadline (floor 2 s here)
+// lets it go; its requests then move, and their latencies show the wait.
+TEST(SimulatorFaults, AHungWorkerIsFoundOutByTheStepDeadline) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  o.batcher.step_timeout_floor_ns = 2'000 * kMs;
+  o.watchdog_interval_ns = 100 * kMs;
+  o.faults = {{FaultKind::kHang, 3, 1'000 * kMs}};
+  const SimResult r = simulate(w, o);
+  const FaultReport& f = r.faults[0];
+  // Its oldest step began before the hang, or at most 5 ms after it (a step
+  // takes 5 ms); the deadline is the floor; the watchdog ticks every 100 ms.
+  EXPECT_GE(f.removed_ns, 2'995 * kMs);
+  EXPECT_LE(f.removed_ns, 3'105 * kMs);
+  EXPECT_GT(f.requests_moved, 0);
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_TRUE(r.requests[i].success) << i;
+    if (r.affected[i]) EXPECT_GE(r.requests[i].end_ns, f.removed_ns) << i;
+  }
+  const auto j = fault_json(r);
+  EXPECT_GT(j["affected"]["median_e2el_ms"].get<double>(), j["unaffected"]["median_e2el_ms"].get<double>());
+  EXPECT_EQ(json_of(simulate(w, o)), json_of(r));
+}
+
+// A drained worker starts nothing new; the requests it had not started move,
+// the rest finish there, and then it leaves.
+TEST(SimulatorFaults, ADrainedWorkerFinishesItsRunningRequestsAndLeaves) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  o.faults = {{FaultKind::kDrain, 4, 1'000 * kMs}};
+  const SimResult r = simulate(w, o);
+  const FaultReport& f = r.faults[0];
+  EXPECT_GT(f.removed_ns, 1'000 * kMs);
+  EXPECT_EQ(f.tokens_recomputed, 0) << "a request that moves at a drain had not started";
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_TRUE(r.requests[i].success) << i;
+    if (r.requests[i].start_ns > 1'000 * kMs) EXPECT_NE(r.worker[i], 4u) << i;
+  }
+  EXPECT_LE(r.workers[3].busy_ns, f.removed_ns);
+}
+
+TEST(SimulatorFaults, FaultTextsAndBadFaults) {
+  const SimFault f = parse_fault(FaultKind::kHang, "3@1.5");
+  EXPECT_EQ(f.worker, 3u);
+  EXPECT_EQ(f.at_ns, 1'500 * kMs);
+  EXPECT_EQ(f.kind, FaultKind::kHang);
+  for (const char* bad : {"3", "@5", "3@", "x@5", "0@5", "3@-1", "3@5s", "3@nan", "-1@2"})
+    EXPECT_THROW(parse_fault(FaultKind::kKill, bad), std::invalid_argument) << bad;
+  SimOptions o = four_workers();
+  o.faults = {{FaultKind::kKill, 5, 0}};
+  EXPECT_THROW(simulate(fault_workload(), o), std::invalid_argument);
 }
 
 }  // namespace
