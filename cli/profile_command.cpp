@@ -9,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "cluster/sim/live/cost_profiler.hpp"
+#include "cluster/sim/roofline.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/threading.hpp"
@@ -19,7 +20,7 @@ namespace {
 
 struct ProfileFlags {
   std::string model, preset, out, refit, stat = "min", device = "cpu", calibrate_with, dtype = "float32",
-              kv_cache_dtype = "auto";
+              kv_cache_dtype = "auto", roofline, against;
   CLI::Option* stat_flag = nullptr;
   int threads = 0;
   bool quiet = false;
@@ -58,7 +59,46 @@ void print_report(const std::string& out, const cluster::sim::CostProfile& p) {
                 p.repeatability.median_pct);
 }
 
+// --roofline SPEC: a device's published limits as a cost profile (no measuring).
+int run_roofline(const ProfileFlags& f) {
+  const cluster::sim::RooflineSpec spec = cluster::sim::read_roofline_spec(f.roofline);
+  if (!f.against.empty()) {
+    // The method against measured steps: a cost profile's points, or a GPU's CSV (bench/gpu/).
+    const bool csv = f.against.size() > 4 && f.against.substr(f.against.size() - 4) == ".csv";
+    const auto steps = csv ? cluster::sim::measured_steps_csv(f.against)
+                           : cluster::sim::measured_steps(cluster::sim::read_cost_profile(f.against));
+    std::printf("%s against the steps measured in %s (error = (roofline - measured) / measured):\n",
+                spec.name.c_str(), f.against.c_str());
+    for (const auto& e : cluster::sim::roofline_errors(spec, steps))
+      std::printf("  %-24s %4zu steps: |error| median %6.1f%%, p90 %6.1f%%; signed median %+6.1f%%\n",
+                  e.step_class.c_str(), e.points, e.median_pct, e.p90_pct, e.median_signed_pct);
+    return 0;
+  }
+  const model::Gpt2Config cfg =
+      f.model.empty() ? model::Gpt2Config::preset(f.preset) : model::Gpt2Config::from_json_file(f.model + "/config.json");
+  cluster::sim::ModelShape m;
+  m.n_layer = cfg.n_layer;
+  m.n_head = cfg.n_head;
+  m.n_embd = cfg.n_embd;
+  m.n_positions = cfg.n_positions;
+  m.vocab_size = cfg.vocab_size;
+  m.eos_token_id = cfg.eos_token_id;
+  const std::string dtype = model::to_string(model::parse_weight_dtype(f.dtype));
+  if (f.kv_cache_dtype != "auto" &&
+      model::to_string(model::parse_kv_cache_dtype(f.kv_cache_dtype, model::parse_weight_dtype(f.dtype))) != dtype)
+    throw std::invalid_argument("--roofline counts the K/V in the weights' dtype: drop --kv-cache-dtype");
+  const cluster::sim::CostProfile p =
+      cluster::sim::roofline_profile(spec, m, dtype, f.options.block_size, f.options.seed);
+  cluster::sim::write_cost_profile(f.out, p);
+  std::printf("%s: %s, GPT-2 of %d layers, %d wide, %s: a PREDICTION from published limits (%s)\n", f.out.c_str(),
+              spec.name.c_str(), m.n_layer, m.n_embd, dtype.c_str(), p.thread_summary.c_str());
+  print_error_line("fit error (grid) vs the roofline:", p.fit_error);
+  print_error_line("held-out error vs the roofline:", p.heldout_error);
+  return 0;
+}
+
 int run_profile(ProfileFlags& f) {
+  if (f.out.empty() && f.against.empty()) throw std::invalid_argument("--out is required");
   f.options.stat = cluster::sim::parse_rep_stat(f.stat);
   if (!f.refit.empty()) {
     if (!f.model.empty() || !f.preset.empty())
@@ -73,8 +113,11 @@ int run_profile(ProfileFlags& f) {
     return 0;
   }
   if (!f.calibrate_with.empty()) throw std::invalid_argument("--calibrate-with needs --refit COST.json");
+  if (!f.roofline.empty() && !f.against.empty()) return run_roofline(f);  // the steps bring their shapes
   if (f.model.empty() == f.preset.empty())
     throw std::invalid_argument("give --model DIR, or --preset NAME for random weights of a known shape");
+  if (!f.roofline.empty()) return run_roofline(f);
+  if (!f.against.empty()) throw std::invalid_argument("--against checks a --roofline spec");
   if (f.threads > 0) model::configure_threads({f.threads, 0});
   const c10::Device device = parse_device(f.device);
   f.options.kv_dtype = model::parse_kv_cache_dtype(f.kv_cache_dtype, model::parse_weight_dtype(f.dtype));
@@ -115,7 +158,7 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   auto f = std::make_shared<ProfileFlags>();
   sub->add_option("--model", f->model, "Model folder");
   sub->add_option("--preset", f->preset, "Instead of --model: random weights of a shape (tiny, gpt2)");
-  sub->add_option("--out", f->out, "Cost profile to write (JSON)")->required();
+  sub->add_option("--out", f->out, "Cost profile to write (JSON; required unless --against)");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flag(sub, f->dtype);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
@@ -143,6 +186,12 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--calibrate-with", f->calibrate_with,
                   "With --refit: fit the model again with the served steps of this step log added "
                   "(troupe serve --step-log), so that it predicts steps as served");
+  sub->add_option("--roofline", f->roofline,
+                  "Measure nothing: predict the profile of a device from its published limits (a spec YAML, "
+                  "docs/profiles/specs/) for --model's or --preset's shape and --dtype");
+  sub->add_option("--against", f->against,
+                  "With --roofline: compare it with measured steps (a cost profile's points, or "
+                  "bench/gpu/gpt2_steps.py's CSV) per class of step, instead of writing a profile");
   sub->add_flag("--quiet", f->quiet, "No progress on stderr");
   registry.push_back({sub, [f] { return run_profile(*f); }});
 }

@@ -143,9 +143,15 @@ Gpt2Config Gpt2Config::preset(const std::string& name) {
     c.n_head = 12;
     c.n_embd = 768;
     c.n_positions = 1024;
+  } else if (name == "gpt2-medium" || name == "gpt2-large" || name == "gpt2-xl") {
+    // Hugging Face's config.json of each (355M, 774M, 1.5B parameters).
+    c.n_layer = name == "gpt2-medium" ? 24 : name == "gpt2-large" ? 36 : 48;
+    c.n_head = name == "gpt2-medium" ? 16 : name == "gpt2-large" ? 20 : 25;
+    c.n_embd = name == "gpt2-medium" ? 1024 : name == "gpt2-large" ? 1280 : 1600;
+    c.n_positions = 1024;
   } else {
     throw std::invalid_argument("unknown model preset \"" + name +
-                                "\"; valid presets: tiny, gpt2");
+                                "\"; valid presets: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
   }
   c.vocab_size = 50257;
   return c;
