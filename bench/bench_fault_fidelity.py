@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""A killed worker, served and simulated (issue 33, faults in virtual time): a real head (`troupe serve
+--workers 0`) with N emulated workers, one per node (`troupe worker --emulate COST.json`: the whole protocol,
+each step the cost model's time), `troupe bench` sending a seeded workload, and one node SIGKILLed T seconds
+after the bench starts; then `troupe simulate` of the same workload (same seed: the same arrivals and lengths)
+with `--fail-worker K@T`. Compared: requests moved and tokens recomputed (the head's counters, `troupe status`,
+against the simulation's Faults section), and the median TTFT and E2EL of the requests sent within W seconds
+after the kill (the ones the lost capacity delays; the served run does not say which requests the head moved,
+so this window stands in for them on both sides), besides the whole run's. Target: within 15%.
+
+  bench/bench_fault_fidelity.py [--workers 4] [--kill-at 8] [--rate 6] [--num-requests 200]
+                                [--input-len 128] [--output-len 64] [--time-scale 1] [--window 5] [--seed 1]
+
+Name the CPU beside the numbers: the head, the nodes and the client share it (the simulated head is free).
+"""
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import troupe_procs as procs  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--troupe", default="build/troupe")
+ap.add_argument("--model", default="models/gpt2")
+ap.add_argument("--cost", default="docs/profiles/gpt2-124m-cpu-epyc-2threads.json")
+ap.add_argument("--workers", type=int, default=4)
+ap.add_argument("--kill", type=int, default=2, help="which node (1..N, in starting order) is killed")
+ap.add_argument("--kill-at", type=float, default=8.0, help="seconds after the bench starts")
+ap.add_argument("--rate", type=float, default=6.0)
+ap.add_argument("--num-requests", type=int, default=200)
+ap.add_argument("--input-len", type=int, default=128)
+ap.add_argument("--output-len", type=int, default=64)
+ap.add_argument("--time-scale", type=float, default=1.0)
+ap.add_argument("--num-blocks", type=int, default=2048)
+ap.add_argument("--window", type=float, default=5.0)
+ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--placement", default="round-robin",
+                help="the head's and the simulation's: round-robin puts request i on the same worker in both")
+ap.add_argument("--out", default=None)
+a = ap.parse_args()
+T = a.troupe
+work = procs.work_dir(a.out, "bench-fault-")
+log = procs.log
+workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.input_len), "--random-output-len",
+            str(a.output_len), "--seed", str(a.seed), "--request-rate", str(a.rate)]
+
+
+def window_stats(j, start_key, t0):
+    """Median TTFT and E2EL (ms) of the requests sent in [kill, kill + window), and of all."""
+    starts = j[start_key]
+    ttft, e2el = j["ttfts"], j["latencies"]
+    sel = [i for i, s in enumerate(starts) if s is not None and a.kill_at <= s - t0 < a.kill_at + a.window]
+    med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
+    return {"window_requests": len(sel),
+            "window_ttft_ms": med([ttft[i] for i in sel if ttft[i]]),
+            "window_e2el_ms": med([e2el[i] for i in sel if e2el[i]]),
+            "all_ttft_ms": med([x for x in ttft if x])}
+
+
+# Served.
+head, nodes = procs.emulated_cluster(T, a.model, work, "fault", a.workers, 1, a.cost, a.time_scale, a.num_blocks,
+                                     head_extra=["--placement", a.placement])
+try:
+    victim = nodes[a.kill - 1]
+    # The head numbers workers as they join (nodes race): the victim's id, for the simulation.
+    tag = f"fault-n{a.kill - 1}"
+    ids = sorted(w["id"] for w in head.status()["workers"])
+    victim_id = ids.index(next(w["id"] for w in head.status()["workers"] if w["node"] == tag)) + 1
+    bench_out = work / "bench.json"
+    killer = threading.Timer(a.kill_at, victim.p.kill)
+    t0 = time.time()
+    killer.start()
+    procs.run([T, "bench", "--to", head.to] + workload + ["--json", str(bench_out)])
+    killer.cancel()
+    status = head.status()
+finally:
+    for n in nodes:
+        if n.p.poll() is None:
+            n.stop()
+    head.stop()
+real = json.load(open(bench_out))
+log(f"served: {status.get('requests_moved')} requests moved, {status.get('tokens_recomputed')} tokens recomputed")
+
+# Simulated.
+sim_out = work / "sim.json"
+procs.run([T, "simulate", "--cost", a.cost, "--workers", str(a.workers), "--num-blocks", str(a.num_blocks),
+           "--cost-scale", str(a.time_scale), "--placement", a.placement, "--quiet", "--json", str(sim_out),
+           "--fail-worker", f"{victim_id}@{a.kill_at}"] + workload)
+sim = json.load(open(sim_out))
+
+print(f"CPU: {procs.cpu_name()}; {a.workers} emulated workers ({a.cost}), node {a.kill} (worker {victim_id}) "
+      f"killed at {a.kill_at} s; "
+      f"{a.num_requests} requests at {a.rate}/s, {a.input_len}+{a.output_len} tokens, seed {a.seed}")
+rows = [("requests moved", status.get("requests_moved", 0), sim["requests_moved"]),
+        ("tokens recomputed", status.get("tokens_recomputed", 0), sim["tokens_recomputed"])]
+# Times from each run's own zero: the simulation's is the workload's t = 0; the served run's first request
+# left at the same offset from the bench's start as the simulated one did.
+first_sim = min(x for x in sim["start_times"] if x is not None)
+rs = window_stats(real, "start_times", min(x for x in real["start_times"] if x is not None) - first_sim)
+ss = window_stats(sim, "start_times", 0.0)
+if True:
+    rows += [(f"median TTFT, sent within {a.window} s after the kill (ms)", rs["window_ttft_ms"], ss["window_ttft_ms"]),
+             (f"median E2EL, sent within {a.window} s after the kill (ms)", rs["window_e2el_ms"], ss["window_e2el_ms"]),
+             ("median TTFT, all (ms)", rs["all_ttft_ms"], ss["all_ttft_ms"])]
+    print(f"requests in the window: served {rs['window_requests']}, simulated {ss['window_requests']}")
+print(f"{'':58} {'served':>10} {'simulated':>10} {'sim/served':>10}")
+for name, r, s in rows:
+    ratio = s / r if r else float("nan")
+    print(f"{name:58} {r:10.1f} {s:10.1f} {ratio:10.2f}")
+print(f"files: {work}")
