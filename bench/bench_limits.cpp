@@ -4,7 +4,8 @@
 //  1. A batch-1 decode step (context 64) vs the memory floor: the bytes of
 //     every weight a decode step reads, divided by the streaming read
 //     bandwidth measured here. Target: step <= 1.1x floor. With --dtype
-//     bfloat16 the model's matrices are bfloat16 and the floor is of their bytes.
+//     bfloat16 (int8) the model's matrices are bfloat16 (int8 with a scale per
+//     output channel) and the floor is of their bytes.
 //  2. The prefill of one 512-token prompt and a decode step of 64 sequences
 //     (context 128 each), in GFLOP/s as a share of the variant's FMA peak
 //     (independent register FMAs on every thread, that variant's ISA).
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
       dtype = parse_weight_dtype(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16]\n"
+                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16|int8]\n"
                    "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }
@@ -145,6 +146,13 @@ int main(int argc, char** argv) {
   if (dtype == WeightDtype::kBFloat16) {
     wp.weight_bytes /= 2;
     wd.weight_bytes /= 2;
+  }
+  // int8 quarters them, plus an fp32 scale per output channel: 9 n_embd per
+  // block (c_attn 3, c_proj 1, c_fc 4, mlp c_proj 1) and one per vocabulary row.
+  if (dtype == WeightDtype::kInt8) {
+    const double scale_bytes = 4.0 * (9.0 * cfg.n_embd * cfg.n_layer + cfg.vocab_size);
+    wp.weight_bytes = wp.weight_bytes / 4 + scale_bytes;
+    wd.weight_bytes = wd.weight_bytes / 4 + scale_bytes;
   }
   const double weight_bytes = wd.weight_bytes;
   const double floor_ms = weight_bytes / (read_gbs * 1e9) * 1e3;

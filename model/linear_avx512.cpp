@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "model/linear_kernel.hpp"
 
@@ -47,17 +48,27 @@ inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 // is null), spread evenly over its kc steps: its share of the next chunk, so
 // the memory stream runs while the tiles compute, at an even pace.
 // `gelu`: the stored values go through gelu_tanh (on the last chunk).
-// 16 weights of a panel row as fp32: loaded, or widened from bfloat16 (its
-// bits are the upper half of an fp32's: zero-extend, shift left 16).
+// int8 weights (W = int8_t): the accumulators start at 0 and hold this
+// chunk's sums of a * q; the epilogue multiplies them by `scale` (the 64
+// columns' scales) and adds C (when load_c) in one fused multiply-add, then
+// the bias. Other weights ignore `scale`.
+//
+// 16 weights of a panel row as fp32: loaded, widened from bfloat16 (its
+// bits are the upper half of an fp32's: zero-extend, shift left 16), or
+// from int8 (sign-extend to int32, convert: exact).
 inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_w(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline __m512 load_w(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 template <int MR, typename W>
-void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
+          int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+  constexpr bool kScaled = std::is_same_v<W, int8_t>;
   __mmask16 mask[kNv];
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) mask[v] = static_cast<__mmask16>((1u << clamp64(ncols - 16 * v, 0, 16)) - 1u);
@@ -66,7 +77,7 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v)
-      acc[i][v] = load_c ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[i][v] = load_c && !kScaled ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
   int64_t due = 0;  // lines owed so far, times kc
   for (int64_t k = 0; k < kc; ++k) {
     if (pf) {
@@ -87,17 +98,22 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
   for (int v = 0; v < kNv; ++v) {
     if (!mask[v]) break;
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
+    const __m512 sv = kScaled ? _mm512_maskz_loadu_ps(mask[v], scale + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512 r = bias ? _mm512_add_ps(acc[i][v], bv) : acc[i][v];
+      __m512 r = acc[i][v];
+      if constexpr (kScaled)
+        r = load_c ? _mm512_fmadd_ps(r, sv, _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v))
+                   : _mm512_mul_ps(r, sv);
+      r = bias ? _mm512_add_ps(r, bv) : r;
       _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], gelu ? (__m512)gelu_tanh((Lanes)r) : r);
     }
   }
 }
 
 template <typename W>
-using TileFn = void (*)(const float*, int64_t, const W*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                        const char*, int64_t, bool);
+using TileFn = void (*)(const float*, int64_t, const W*, const float*, int64_t, const float*, int64_t, float*,
+                        int64_t, bool, const char*, int64_t, bool);
 template <typename W>
 constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,      tile<1, W>, tile<2, W>, tile<3, W>,
                                        tile<4, W>, tile<5, W>, tile<6, W>};
@@ -109,10 +125,11 @@ constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,      tile<1, W>, tile<2, W>, til
 // FMAs run. (Handing the whole chunk to the first tiles at a line or two per
 // k step instead, as before, sent the requests in bursts that stalled those
 // tiles: on the Xeon, one thread, M = 64 ran ~10% slower that way.)
+// `scale`: int8's per-column scales [N] (else nullptr).
 template <typename W>
-void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c, int64_t ldc,
-         bool accumulate, bool gelu, int64_t p0, int64_t p1) {
-  constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16
+void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* scale, const float* bias,
+         float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16, 1 int8
   const int64_t tiles = (M + kMr - 1) / kMr;
   // One row alone is a plain stream, which the hardware prefetcher serves
   // better without help (measured).
@@ -131,15 +148,22 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
         const int64_t first = t * share, lines = prefetch ? min64(share, next_lines - first) : 0;
         const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
         const int64_t rows = min64(kMr, M - i);
-        kTiles<W>[rows](x + i * K + k0, K, panel + k0 * kNr, kc, last && bias ? bias + col : nullptr, ncols,
-                        c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
+        kTiles<W>[rows](x + i * K + k0, K, panel + k0 * kNr, scale ? scale + col : nullptr, kc,
+                        last && bias ? bias + col : nullptr, ncols, c + i * ldc + col, ldc, accumulate || k0 > 0, pf,
+                        lines, last && gelu);
       }
     }
   }
 }
 
+template <typename W>
+void run_unscaled(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c,
+                  int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  run<W>(x, M, K, N, w, nullptr, bias, c, ldc, accumulate, gelu, p0, p1);
+}
+
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run<float>, run<uint16_t>};
+const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uint16_t>, run<int8_t>};
 
 }  // namespace troupe::model::avx512

@@ -28,6 +28,15 @@ struct PackedGemmKernel {
   // the bits are run's on the widened weights; half the bytes stream in.
   void (*run_bf16)(const float* x, int64_t M, int64_t K, int64_t N, const uint16_t* w, const float* bias,
                    float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1);
+  // The same with the weight packed as int8 q and scale [N] (column n's):
+  // each q widened to fp32 in registers, the fp32 sums of x * q over a chunk
+  // of K multiplied by scale[n] in the epilogue, before C, bias and GELU
+  // (C += scale * sum + bias, one fused multiply-add per chunk). So the
+  // result is fp32 x @ (q * scale) up to the rounding of those multiplies;
+  // a quarter of fp32's bytes stream in.
+  void (*run_int8)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w, const float* scale,
+                   const float* bias, float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0,
+                   int64_t p1);
 };
 
 // The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).

@@ -651,7 +651,7 @@ TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
   EXPECT_EQ(emu->wait(seconds(60)), std::optional<int>(0)) << emu->log();
 }
 
-// --dtype: a node whose weights are stored otherwise than the head's is
+// --dtype (and --quantization): a node whose weights are stored otherwise than the head's is
 // refused (it says why and exits) unless the head allows mixed dtypes; a
 // bfloat16 node serves a bfloat16 head's jobs as the same model run here.
 TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
@@ -661,6 +661,9 @@ TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
     auto node = start_worker(dir, head, "bf", {"--dtype", "bfloat16"});
     EXPECT_NE(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
     EXPECT_NE(node->log().find("--dtype bfloat16, the head float32"), std::string::npos) << node->log();
+    auto q8 = start_worker(dir, head, "q8", {"--quantization", "int8"});  // says "int8" at register
+    EXPECT_NE(q8->wait(seconds(60)), std::optional<int>(0)) << q8->log();
+    EXPECT_NE(q8->log().find("int8, the head float32"), std::string::npos) << q8->log();
   }
   const std::string jobs = dir.file("jobs.jsonl");
   write_jobs(jobs, 6, 8, 3);

@@ -463,6 +463,34 @@ TEST_P(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
   }
 }
 
+// int8 weights: the fp32 model of the dequantized matrices (wte — so the LM
+// head and the embedding lookup alike — and the four projections of every
+// block, a scale per output channel; wpe and the vectors as loaded), in every
+// variant: as close to the double reference on those values as the fp32
+// model is to its own, clearly another model than the unquantized one, and
+// its batched steps equal to forward_full row by row, whatever the batch.
+TEST_P(Gpt2Test, Int8IsTheModelOfItsDequantizedWeights) {
+  Gpt2Weights deq = weights;
+  deq.wte = quantize_int8_per_channel(weights.wte, WeightLayout::kOutIn);
+  for (LayerWeights& l : deq.layers) {
+    l.attn_c_attn_weight = quantize_int8_per_channel(l.attn_c_attn_weight, WeightLayout::kInOut);
+    l.attn_c_proj_weight = quantize_int8_per_channel(l.attn_c_proj_weight, WeightLayout::kInOut);
+    l.mlp_c_fc_weight = quantize_int8_per_channel(l.mlp_c_fc_weight, WeightLayout::kInOut);
+    l.mlp_c_proj_weight = quantize_int8_per_channel(l.mlp_c_proj_weight, WeightLayout::kInOut);
+  }
+  const Gpt2 q8(cfg, weights, torch::kCPU, WeightDtype::kInt8);
+  EXPECT_EQ(q8.dtype(), WeightDtype::kInt8);
+  const auto ids = random_ids(23, 1, cfg.vocab_size);
+  const torch::Tensor got = q8.forward_full(ids);
+  EXPECT_LT(max_diff(got, reference_logits(cfg, deq, ids)), 1e-4);
+  EXPECT_GT(max_diff(got, reference_logits(cfg, weights, ids)), 1e-2) << "int8 weights are another model";
+  ContiguousKv kv = q8.make_contiguous_cache(static_cast<int64_t>(ids.size()));
+  torch::Tensor last;
+  for (int32_t id : ids) last = q8.forward_contiguous({id}, kv);
+  EXPECT_LT(max_diff(last[-1], got[-1]), 1e-4);
+  run_scheduled(q8, 8, PagedAttention::kAuto, 5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, Gpt2Test, ::testing::ValuesIn(all_isas()), test::isa_name);
 
 
