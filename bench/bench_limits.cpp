@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       dtype = parse_weight_dtype(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16|int8]\n"
+                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N] [--dtype float32|bfloat16|int8|int8_g32]\n"
                    "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }
@@ -153,6 +153,11 @@ int main(int argc, char** argv) {
     const double scale_bytes = 4.0 * (9.0 * cfg.n_embd * cfg.n_layer + cfg.vocab_size);
     wp.weight_bytes = wp.weight_bytes / 4 + scale_bytes;
     wd.weight_bytes = wd.weight_bytes / 4 + scale_bytes;
+  }
+  // int8_g32: a byte a weight and an fp32 scale per 32 of them.
+  if (dtype == WeightDtype::kInt8G32) {
+    wp.weight_bytes = wp.weight_bytes / 4 * (1 + 4.0 / 32);
+    wd.weight_bytes = wd.weight_bytes / 4 * (1 + 4.0 / 32);
   }
   const double weight_bytes = wd.weight_bytes;
   const double floor_ms = weight_bytes / (read_gbs * 1e9) * 1e3;

@@ -256,15 +256,16 @@ void add_dtype_flags(CLI::App* sub, std::string& dtype) {
          [&dtype, d](const std::string& q) {
            if (q == "none") return;
            if (d->count() > 0 && dtype != "float32" && dtype != "fp32")
-             throw CLI::ValidationError("--quantization int8",
+             throw CLI::ValidationError("--quantization " + q,
                                         "int8 weights widen to fp32, not to --dtype " + dtype +
                                             ": drop --dtype (or give --dtype float32)");
-           dtype = "int8";
+           dtype = q;
          },
          "int8: weight matrices as symmetric int8 with an fp32 scale per output channel (a quarter of "
-         "float32's bytes per step; fp32 math on the dequantized weights); none (default): as --dtype. "
-         "Refused with --dtype bfloat16")
-      ->check(CLI::IsMember({"none", "int8"}));
+         "float32's bytes per step; fp32 math on the dequantized weights); int8_g32: a scale per group of 32 "
+         "inputs instead (llama.cpp Q8_0's blocks, fp32 scales: 1.125 bytes a weight); none (default): as "
+         "--dtype. Refused with --dtype bfloat16")
+      ->check(CLI::IsMember({"none", "int8", "int8_g32"}));
 }
 
 void add_generate_command(CLI::App& app, Registry& registry) {

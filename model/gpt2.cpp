@@ -72,8 +72,9 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device, 
   // The weight matrices in `dtype` (bfloat16: as llama.cpp's BF16 files
   // hold them, the norms' and biases' vectors stay fp32; int8: wte — so the
   // LM head and the embedding lookup, one per-vocabulary-row scale each — and
-  // the four projections per block, per output channel; wpe stays fp32, as
-  // the vectors do: 3 MB of which a step reads only its positions' rows).
+  // the four projections per block, per output channel (int8_g32: per group
+  // of 32 inputs of each); wpe stays fp32, as the vectors do: 3 MB of which a
+  // step reads only its positions' rows).
   auto linear = [&](const torch::Tensor& w, WeightLayout layout) {
     return Linear(to_device(w, device), layout, kernel_isa(), dtype);
   };

@@ -40,8 +40,13 @@ enum class WeightLayout {
 // symmetric int8 with one fp32 scale per output channel
 // (quantize_int8_per_channel), widened to fp32 in registers, each output's
 // fp32 sum of x * q multiplied by its channel's scale in the epilogue.
-enum class WeightDtype { kFloat32, kBFloat16, kInt8 };
-// "float32" / "bfloat16" / "int8" (also "fp32", "bf16"); std::invalid_argument otherwise.
+// int8_g32 is llama.cpp Q8_0's layout: an fp32 scale per group of 32 inputs
+// of each output channel (quantize_int8_groups_of_32; 1.125 bytes a weight),
+// each weight dequantized in registers (q * its group's scale) before the
+// fp32 kernel's FMAs.
+enum class WeightDtype { kFloat32, kBFloat16, kInt8, kInt8G32 };
+// "float32" / "bfloat16" / "int8" / "int8_g32" (also "fp32", "bf16");
+// std::invalid_argument otherwise.
 WeightDtype parse_weight_dtype(const std::string& name);
 const char* to_string(WeightDtype dtype);
 // `t` rounded to bfloat16 (to nearest, ties to even) and back to fp32: the
@@ -55,6 +60,12 @@ torch::Tensor round_to_bfloat16(const torch::Tensor& t);
 // has scale 0 and stays 0. For wte [vocab, n_embd] (kOutIn) a channel is a
 // vocabulary row.
 torch::Tensor quantize_int8_per_channel(const torch::Tensor& t, WeightLayout layout);
+// The same with a scale per group of kInt8Group consecutive inputs of each
+// output channel (the last group of a channel may be shorter): llama.cpp
+// Q8_0's blocks, with fp32 scales. Exactly the values an int8_g32 Linear
+// multiplies by, and its embedding() returns.
+constexpr int64_t kInt8Group = 32;
+torch::Tensor quantize_int8_groups_of_32(const torch::Tensor& t, WeightLayout layout);
 
 // What forward applies to x @ W + bias.
 enum class Activation {
@@ -118,7 +129,10 @@ class Linear {
                   bool gelu = false) const;
 
   torch::Tensor weight_;  // packed: [panels, in, nr] fp32, bfloat16 or int8; else fp32 (see the constructor)
-  torch::Tensor scales_;  // packed int8: [panels * nr] fp32, each column's scale (0 past out); else undefined
+  // Packed int8: [panels * nr] fp32, each column's scale (0 past out); packed
+  // int8_g32: [panels, groups, nr], group g of column p * nr + j at [p][g][j];
+  // else undefined.
+  torch::Tensor scales_;
   WeightLayout layout_ = WeightLayout::kInOut;  // the source's layout (unpacked weight_ keeps it)
   WeightDtype dtype_ = WeightDtype::kFloat32;
   int64_t in_ = 0, out_ = 0;

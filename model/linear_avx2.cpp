@@ -36,6 +36,7 @@ constexpr int kMr = 6;
 // A chunk of a panel, 256 x 64 B = 16 KiB, and a tile's 6 x 256 floats of x
 // (6 KiB) fit a 32 KiB L1 together.
 constexpr int64_t kKc = 256;
+static_assert(kKc % kPackedGroupRows == 0, "a chunk holds whole groups of int8_g32 rows");
 // x rows per block: [96, 256] fp32 = 96 KiB of x stays in L2 (512 KiB and
 // up) while every panel of the thread passes; each chunk of the weights is
 // read once per block.
@@ -55,7 +56,9 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // last chunk). int8 weights (W = int8_t): the accumulators start at 0 and
 // hold this chunk's sums of a * q; the epilogue multiplies them by `scale`
 // (the 16 columns' scales) and adds C (when load_c) in one fused
-// multiply-add, then the bias. Other weights ignore `scale`.
+// multiply-add, then the bias. Grouped int8 (G): `scale` is the chunk's
+// [kc / 32, 16] group scales, each weight multiplied by its own when loaded,
+// and the rest is fp32's. Other weights ignore `scale`.
 //
 // 8 weights of a panel row as fp32: loaded, widened from bfloat16 (its bits
 // are the upper half of an fp32's: zero-extend, shift left 16), or from int8
@@ -69,10 +72,19 @@ inline __m256 load_w(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-template <int MR, int KS, typename W>
+// Vector v of panel row k's weights, times their group's scales when G
+// (`scale`: the tile's group scales, 16 per group).
+template <bool G, typename W>
+inline __m256 weights(const W* b, const float* scale, int64_t k, int v) {
+  if constexpr (G)
+    return _mm256_mul_ps(load_w(b + k * kNr + 8 * v), _mm256_loadu_ps(scale + k / kPackedGroupRows * kNr + 8 * v));
+  return load_w(b + k * kNr + 8 * v);
+}
+
+template <int MR, int KS, typename W, bool G>
 void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
           int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
-  constexpr bool kScaled = std::is_same_v<W, int8_t>;
+  constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
   const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -98,8 +110,7 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
     }
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) {
-      const W* bk = b + (k + s) * kNr;
-      const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
+      const __m256 b0 = weights<G>(b, scale, k + s, 0), b1 = weights<G>(b, scale, k + s, 1);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m256 ai = _mm256_broadcast_ss(a + i * lda + k + s);
@@ -109,8 +120,7 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
     }
   }
   for (; k < kc; ++k) {
-    const W* bk = b + k * kNr;
-    const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
+    const __m256 b0 = weights<G>(b, scale, k, 0), b1 = weights<G>(b, scale, k, 1);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 ai = _mm256_broadcast_ss(a + i * lda + k);
@@ -166,22 +176,29 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
 template <typename W>
 using TileFn = void (*)(const float*, int64_t, const W*, const float*, int64_t, const float*, int64_t, float*,
                         int64_t, bool, const char*, int64_t, bool);
-template <typename W>
-constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W>, tile<2, 2, W>, tile<3, 1, W>,
-                                       tile<4, 1, W>, tile<5, 1, W>, tile<6, 1, W>};
+template <typename W, bool G = false>
+constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W, G>, tile<2, 2, W, G>, tile<3, 1, W, G>,
+                                       tile<4, 1, W, G>, tile<5, 1, W, G>, tile<6, 1, W, G>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
 
-// `scale`: int8's per-column scales [N] (else nullptr).
-template <typename W>
+// `scale`: int8's per-column scales [N], or with G int8_g32's group scales
+// [P, ceil(K / 32), 16] (else nullptr).
+template <typename W, bool G = false>
 void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* scale, const float* bias,
          float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  const int64_t groups = (K + kPackedGroupRows - 1) / kPackedGroupRows;
+  // The scales of panel p's rows from k0 on.
+  auto tile_scale = [&](int64_t p, int64_t k0) -> const float* {
+    if (!scale) return nullptr;
+    return G ? scale + (p * groups + k0 / kPackedGroupRows) * kNr : scale + p * kNr;
+  };
   if (M <= kMr) {
     // One tile: no weight is reused, so no chunking either; each panel is
     // one contiguous stream, which the hardware prefetcher serves alone.
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;
-      kTiles<W>[M](x, K, w + p * K * kNr, scale ? scale + col : nullptr, K, bias ? bias + col : nullptr,
-                   min64(kNr, N - col), c + col, ldc, accumulate, nullptr, 0, gelu);
+      kTiles<W, G>[M](x, K, w + p * K * kNr, tile_scale(p, 0), K, bias ? bias + col : nullptr,
+                      min64(kNr, N - col), c + col, ldc, accumulate, nullptr, 0, gelu);
     }
     return;
   }
@@ -214,9 +231,9 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
           const int64_t first = t * share,
                         lines = next && kc >= kSplit[rows] ? min64(share, next_lines - first) : 0;
           const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
-          kTiles<W>[rows](x + (m0 + i) * K + k0, K, chunk, scale ? scale + col : nullptr, kc,
-                          last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
-                          accumulate || k0 > 0, pf, lines, last && gelu);
+          kTiles<W, G>[rows](x + (m0 + i) * K + k0, K, chunk, tile_scale(p, k0), kc,
+                             last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
+                             accumulate || k0 > 0, pf, lines, last && gelu);
         }
       }
     }
@@ -231,6 +248,7 @@ void run_unscaled(const float* x, int64_t M, int64_t K, int64_t N, const W* w, c
 
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uint16_t>, run<int8_t>};
+const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uint16_t>, run<int8_t>,
+                                      run<int8_t, true>};
 
 }  // namespace troupe::model::avx2

@@ -13,6 +13,9 @@
 
 namespace troupe::model {
 
+// Rows of K per scale of run_int8_g32's weights (linear.hpp's kInt8Group).
+constexpr int64_t kPackedGroupRows = 32;
+
 struct PackedGemmKernel {
   int64_t nr;  // columns per panel
   // C = (accumulate ? C : 0) + x @ W[:, panels p0..p1) + bias, for the
@@ -37,6 +40,14 @@ struct PackedGemmKernel {
   void (*run_int8)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w, const float* scale,
                    const float* bias, float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0,
                    int64_t p1);
+  // The same with a scale per group of 32 rows of K (llama.cpp Q8_0's
+  // blocks): group_scale [P, ceil(K / 32), nr], as the panels. Each q is
+  // widened and multiplied by its group's scale in registers (one rounding:
+  // exactly the fp32 value q * scale), then run's FMAs in run's order: the
+  // bits of run on the dequantized weights.
+  void (*run_int8_g32)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w,
+                       const float* group_scale, const float* bias, float* c, int64_t ldc, bool accumulate,
+                       bool gelu, int64_t p0, int64_t p1);
 };
 
 // The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).

@@ -399,6 +399,44 @@ TEST_P(LinearVariant, Int8WeightsComputeTheFp32FunctionOfTheirDequantizedValues)
                         quantize_int8_per_channel(wte, WeightLayout::kOutIn).index_select(0, ids)));
 }
 
+// int8 in groups of 32 inputs (llama.cpp Q8_0's blocks): each weight is
+// dequantized in registers before the fp32 kernel's FMAs, so the result is
+// the fp32 Linear's on the dequantized weights bit for bit, in every shape,
+// activation, accumulation and layout; the embedding rows are those values.
+TEST_P(LinearVariant, Int8GroupsOf32ComputeExactlyAsTheirDequantizedFp32) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  at::manual_seed(11);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const torch::Tensor deq = quantize_int8_groups_of_32(w, WeightLayout::kInOut);
+    const Linear g32(w, WeightLayout::kInOut, isa, WeightDtype::kInt8G32);
+    const Linear ref(deq, WeightLayout::kInOut, isa);
+    EXPECT_EQ(g32.dtype(), WeightDtype::kInt8G32);
+    EXPECT_EQ(g32.packed(), ref.packed());
+    EXPECT_TRUE(at::equal(g32.forward(x, b), ref.forward(x, b)));
+    EXPECT_TRUE(at::equal(g32.forward(x, b, Activation::kGeluTanh), ref.forward(x, b, Activation::kGeluTanh)));
+    torch::Tensor acc = at::randn({c.m, c.n}), acc_ref = acc.clone();
+    g32.forward_add_(acc, x, b);
+    ref.forward_add_(acc_ref, x, b);
+    EXPECT_TRUE(at::equal(acc, acc_ref));
+    const torch::Tensor wt = w.t().contiguous();
+    EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(wt, WeightLayout::kOutIn), deq.t()));
+    const Linear out_in(wt, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32);
+    EXPECT_TRUE(at::equal(out_in.forward(x), Linear(deq.t().contiguous(), WeightLayout::kOutIn, isa).forward(x)));
+    if (g32.packed()) {
+      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16, padded = (c.n + nr - 1) / nr * nr;
+      EXPECT_EQ(g32.weight_bytes(), padded * c.k + padded * ((c.k + 31) / 32) * 4)
+          << "one byte a weight, four a group's scale";
+    }
+  }
+  const torch::Tensor wte = at::randn({131, 70});
+  const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+  EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32).embedding(ids),
+                        quantize_int8_groups_of_32(wte, WeightLayout::kOutIn).index_select(0, ids)));
+}
+
 // Scales of 1 and 2 (max |W| of 127 and 254) make every division exact, so
 // the rounding (to nearest, ties to even) and the clamp show plainly.
 TEST(Linear, QuantizesInt8PerOutputChannelToNearestEven) {
@@ -427,6 +465,23 @@ TEST(Linear, QuantizesInt8PerOutputChannelToNearestEven) {
     const Linear q8(w, WeightLayout::kInOut, isa, WeightDtype::kInt8);
     EXPECT_TRUE(at::equal(q8.forward(at::eye(4)), want));
   }
+  // Groups of 32 inputs: one column of 70 = 32 + 32 + 6 with maxima 127, 254
+  // and 127 * 4; every group gets its own scale (1, 2, 4).
+  torch::Tensor col = at::zeros({70, 1});
+  col[0][0] = 127.0f;
+  col[1][0] = 2.5f;    // scale 1: ties to even, 2
+  col[32][0] = -254.0f;
+  col[33][0] = 3.0f;   // scale 2: 1.5 -> 2, so 4
+  col[64][0] = 508.0f;
+  col[65][0] = 6.0f;   // scale 4: 1.5 -> 2, so 8
+  col[66][0] = 2.0f;   // 0.5 -> 0
+  torch::Tensor col_want = col.clone();
+  col_want[1][0] = 2.0f;
+  col_want[33][0] = 4.0f;
+  col_want[65][0] = 8.0f;
+  col_want[66][0] = 0.0f;
+  EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(col, WeightLayout::kInOut), col_want));
+  EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(col.t().contiguous(), WeightLayout::kOutIn), col_want.t()));
 }
 
 TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
@@ -443,6 +498,8 @@ TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
   EXPECT_THROW(parse_weight_dtype("int4"), std::invalid_argument);
   EXPECT_STREQ(to_string(WeightDtype::kBFloat16), "bfloat16");
   EXPECT_STREQ(to_string(WeightDtype::kInt8), "int8");
+  EXPECT_EQ(parse_weight_dtype("int8_g32"), WeightDtype::kInt8G32);
+  EXPECT_STREQ(to_string(WeightDtype::kInt8G32), "int8_g32");
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, LinearVariant, ::testing::ValuesIn(all_isas()), test::isa_name);
