@@ -75,7 +75,7 @@ Int8Weight quantize_int8_g32(const torch::Tensor& t_in, WeightLayout layout) {
   const torch::Tensor t = t_in.to(torch::kFloat32);
   const torch::Tensor w = layout == WeightLayout::kInOut ? t : t.t();  // [K, N]
   const int64_t K = w.size(0), N = w.size(1), G = (K + kInt8Group - 1) / kInt8Group;
-  const torch::Tensor padded = at::zeros({G * kInt8Group, N}, torch::kFloat32);  // zeros change no maximum
+  const torch::Tensor padded = at::zeros({G * kInt8Group, N}, t.options());  // zeros change no maximum
   padded.narrow(0, 0, K).copy_(w);
   const torch::Tensor groups = padded.view({G, kInt8Group, N});
   const torch::Tensor scale = groups.abs().amax(1, /*keepdim=*/true) / 127.0f;  // [G, 1, N]
