@@ -477,6 +477,11 @@ TEST(Cli, PerplexityJsonIsConsistentAndIndependentOfTheChunkSize) {
   EXPECT_GE(kl8["kl_p99"].get<double>(), kl8["kl_mean"].get<double>());
   EXPECT_GT(kl8["top1_agreement"].get<double>(), 0.5);
   EXPECT_NEAR(kl8["ppl"].get<double>(), q8["ppl"].get<double>(), 1e-6 * q8["ppl"].get<double>());
+  const json g32 = run_json(base + " --context 64 --stride 32 --quantization int8_g32 --kl-divergence");
+  EXPECT_EQ(g32["dtype"], "int8_g32");
+  EXPECT_GT(g32["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(g32["kl_mean"].get<double>(), 0.05);
+  EXPECT_NE(g32["ppl"].get<double>(), q8["ppl"].get<double>()) << "groups of 32 are another quantization";
   const json none = run_json(base + " --context 64 --stride 32 --quantization none");
   EXPECT_NEAR(none["ppl"].get<double>(), a["ppl"].get<double>(), 1e-5 * a["ppl"].get<double>());
   const json fp_q8 = run_json(base + " --context 64 --stride 32 --dtype float32 --quantization int8");
