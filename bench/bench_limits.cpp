@@ -4,7 +4,9 @@
 //  1. A batch-1 decode step (context 64) vs the memory floor: the bytes of
 //     every weight a decode step reads, divided by the streaming read
 //     bandwidth measured here. Target: step <= 1.1x floor. With --dtype
-//     bfloat16 the model's matrices are bfloat16 and the floor is of their bytes.
+//     bfloat16 (int8, int8_g32) the model's matrices are bfloat16 (int8 with
+//     a scale per output channel, or per group of 32 inputs) and the floor is
+//     of their bytes.
 //  2. The prefill of one 512-token prompt and a decode step of 64 sequences
 //     (context 128 each), in GFLOP/s as a share of the variant's FMA peak
 //     (independent register FMAs on every thread, that variant's ISA).
@@ -64,8 +66,8 @@ struct Variant {
   double peak = 0;                                 // GFLOP/s
   std::vector<double> decode1, prefill, decode64;  // ms per round
   std::string name() const {
-    return std::string(to_string(isa)) + "/" + (dtype == WeightDtype::kBFloat16 ? "bf16" : "fp32") + "+kv" +
-           (kv == KvDtype::kBFloat16 ? "16" : "32");
+    const char* w = dtype == WeightDtype::kBFloat16 ? "bf16" : dtype == WeightDtype::kFloat32 ? "fp32" : to_string(dtype);
+    return std::string(to_string(isa)) + "/" + w + "+kv" + (kv == KvDtype::kBFloat16 ? "16" : "32");
   }
   // The step's work with this variant's bytes: bfloat16 halves the
   // matrices' bytes (the fp32 vectors, ~0.1% of them, are counted at half
@@ -73,6 +75,12 @@ struct Variant {
   bench::StepWork work(const Gpt2Config& cfg, int64_t S, int64_t rows, int64_t ctx) const {
     bench::StepWork w = bench::step_work(cfg, S, rows, ctx);
     if (dtype == WeightDtype::kBFloat16) w.weight_bytes /= 2;
+    // int8 quarters them, plus an fp32 scale per output channel: 9 n_embd per
+    // block (c_attn 3, c_proj 1, c_fc 4, mlp c_proj 1) and one per vocabulary row.
+    if (dtype == WeightDtype::kInt8)
+      w.weight_bytes = w.weight_bytes / 4 + 4.0 * (9.0 * cfg.n_embd * cfg.n_layer + cfg.vocab_size);
+    // int8_g32: a byte a weight and an fp32 scale per 32 of them.
+    if (dtype == WeightDtype::kInt8G32) w.weight_bytes = w.weight_bytes / 4 * (1 + 4.0 / 32);
     if (kv == KvDtype::kBFloat16) w.kv_bytes /= 2;
     return w;
   }
@@ -116,7 +124,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
-                   "                    [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]\n"
+                   "                    [--dtypes float32,bfloat16,int8,int8_g32] [--kv-cache-dtype auto|float32|bfloat16]\n"
                    "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
       return 2;
     }

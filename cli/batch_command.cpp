@@ -224,7 +224,7 @@ void add_batch_command(CLI::App& app, Registry& registry) {
   sub->add_option("--output", f->output, "JSONL results, one line per input line, in input order")->required();
   add_scheduler_flags(*sub, f->sched);
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
-  add_dtype_flag(sub, f->dtype);
+  add_dtype_flags(sub, f->dtype);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--quiet", f->quiet, "No progress bar");
   registry.push_back({sub, [f] { return run_batch(*f); }});

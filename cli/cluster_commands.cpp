@@ -147,7 +147,7 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--threads-per-worker", h.threads_per_worker,
                     "Threads of each local worker (0 = the usable CPUs split among them)")
         ->check(non_negative_number());
-    add_dtype_flag(sub, h.dtype);
+    add_dtype_flags(sub, h.dtype);
     add_kv_cache_dtype_flag(sub, h.kv_cache_dtype);
     sub->add_flag("--allow-mixed-dtypes", h.allow_mixed_dtypes,
                   "Take worker nodes whose --dtype or --kv-cache-dtype differs from this head's (their tokens "
@@ -246,7 +246,7 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
     sub->add_option("--threads-per-worker", n.threads_per_worker,
                     "Threads of each worker (0 = split the CPUs)")
         ->check(non_negative_number());
-    add_dtype_flag(sub, n.dtype);
+    add_dtype_flags(sub, n.dtype);
     add_kv_cache_dtype_flag(sub, n.kv_cache_dtype);
     sub->add_option("--kv-memory", n.kv_memory, "KV cache memory per worker, e.g. 2GiB");
     sub->add_option("--num-blocks", n.num_blocks, "KV blocks per worker (overrides --kv-memory)")

@@ -33,8 +33,10 @@ std::string default_tokenizer_dir();
 
 // "cpu", "cuda", "cuda:1" -> a device; std::invalid_argument on junk or when CUDA is absent.
 c10::Device parse_device(const std::string& text);
-// --dtype float32|bfloat16 (vLLM's flag): the weight matrices' storage.
-void add_dtype_flag(CLI::App* sub, std::string& dtype);
+// --dtype float32|bfloat16 and --quantization none|int8 (vLLM's flags): the
+// weight matrices' storage, into `dtype` as parse_weight_dtype's names
+// ("int8" when quantized; with --dtype bfloat16 a usage error).
+void add_dtype_flags(CLI::App* sub, std::string& dtype);
 // --kv-cache-dtype auto|float32|bfloat16 (vLLM's flag): the KV cache's
 // storage; auto = the weights' (model::parse_kv_cache_dtype).
 void add_kv_cache_dtype_flag(CLI::App* sub, std::string& kv_cache_dtype);

@@ -251,11 +251,28 @@ c10::Device parse_device(const std::string& text) {
   return *device;
 }
 
-void add_dtype_flag(CLI::App* sub, std::string& dtype) {
-  sub->add_option("--dtype", dtype,
-                  "Weights stored as float32 (default) or bfloat16 (half the bytes per step; fp32 math on the "
-                  "rounded weights)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
+void add_dtype_flags(CLI::App* sub, std::string& dtype) {
+  CLI::Option* d =
+      sub->add_option("--dtype", dtype,
+                      "Weights stored as float32 (default) or bfloat16 (half the bytes per step; fp32 "
+                      "math on the rounded weights)")
+          ->check(CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
+  // Added after --dtype, so CLI11 runs this callback after --dtype's value is in `dtype`.
+  sub->add_option_function<std::string>(
+         "--quantization",
+         [&dtype, d](const std::string& q) {
+           if (q == "none") return;
+           if (d->count() > 0 && dtype != "float32" && dtype != "fp32")
+             throw CLI::ValidationError("--quantization " + q,
+                                        "int8 weights widen to fp32, not to --dtype " + dtype +
+                                            ": drop --dtype (or give --dtype float32)");
+           dtype = q;
+         },
+         "int8: weight matrices as symmetric int8 with an fp32 scale per output channel (a quarter of "
+         "float32's bytes per step; fp32 math on the dequantized weights); int8_g32: a scale per group of 32 "
+         "inputs instead (llama.cpp Q8_0's blocks, fp32 scales: 1.125 bytes a weight); none (default): as "
+         "--dtype. Refused with --dtype bfloat16")
+      ->check(CLI::IsMember({"none", "int8", "int8_g32"}));
 }
 
 void add_kv_cache_dtype_flag(CLI::App* sub, std::string& kv_cache_dtype) {
@@ -289,7 +306,7 @@ void add_generate_command(CLI::App& app, Registry& registry) {
   add_logit_flags(sub, f->presence_penalty, f->frequency_penalty, f->repetition_penalty, f->logit_bias);
   sub->add_flag("--ignore-eos", f->ignore_eos, "Keep going after <|endoftext|>");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
-  add_dtype_flag(sub, f->dtype);
+  add_dtype_flags(sub, f->dtype);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--json", f->json, "Print one JSON object instead of streaming text");
   sub->add_flag("--compare", f->compare, "Run naive, kv and paged back to back and compare them");

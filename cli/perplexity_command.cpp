@@ -87,9 +87,9 @@ model::PerplexityResult score_remotely(const PerplexityFlags& f, const std::vect
   return r;
 }
 
-// --kl-divergence: the --dtype model (its KV cache in o.kv_dtype) against
-// the float32 one (float32 KV) on the same windows (llama-perplexity
-// --kl-divergence's figures).
+// --kl-divergence: the --dtype / --quantization model (its KV cache in
+// o.kv_dtype) against the float32 one (float32 KV) on the same windows
+// (llama-perplexity --kl-divergence's figures).
 int run_kl_divergence(const PerplexityFlags& f, model::ModelDir& dir, const std::vector<int32_t>& ids,
                       const model::PerplexityOptions& o, const std::function<void(int64_t, int64_t)>& progress,
                       model::WeightDtype dtype) {
@@ -165,8 +165,8 @@ int run_perplexity(const PerplexityFlags& f) {
     if (remote) throw std::invalid_argument("--kl-divergence runs both models here: it takes no --to or --base-url");
     if (dtype == model::WeightDtype::kFloat32 && o.kv_dtype == model::KvDtype::kFloat32)
       throw std::invalid_argument(
-          "--kl-divergence compares --dtype's model with the float32 one: give --dtype bfloat16 or "
-          "--kv-cache-dtype bfloat16");
+          "--kl-divergence compares the --dtype, --quantization or --kv-cache-dtype model with the float32 "
+          "one: give --dtype bfloat16, --quantization int8 or --kv-cache-dtype bfloat16");
     return run_kl_divergence(f, *dir, ids, o, progress, dtype);
   }
   model::PerplexityResult r;
@@ -237,12 +237,12 @@ void add_perplexity_command(CLI::App& app, Registry& registry) {
                 "llama.cpp's convention (llama-perplexity -c N): windows of exactly --context tokens end to "
                 "end, each scoring only its second half");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
-  add_dtype_flag(sub, f->dtype);
+  add_dtype_flags(sub, f->dtype);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_flag("--kl-divergence", f->kl_divergence,
-                "Compare the --dtype / --kv-cache-dtype model with the float32 one (both loaded here): mean and "
-                "p99 KL divergence "
-                "of the next-token distributions and top-1 agreement, as llama-perplexity --kl-divergence");
+                "Compare the --dtype, --quantization or --kv-cache-dtype model with the float32 one (both "
+                "loaded here): mean and p99 KL divergence of the next-token distributions and top-1 "
+                "agreement, as llama-perplexity --kl-divergence");
   sub->add_flag("--json", f->json, "Print one JSON object");
   auto* to = sub->add_option("--to", f->to,
                              "Score through a running troupe head (its client endpoint, tcp://HOST:5555): "

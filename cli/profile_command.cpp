@@ -160,7 +160,7 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--preset", f->preset, "Instead of --model: random weights of a shape (tiny, gpt2)");
   sub->add_option("--out", f->out, "Cost profile to write (JSON; required unless --against)");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
-  add_dtype_flag(sub, f->dtype);
+  add_dtype_flags(sub, f->dtype);
   add_kv_cache_dtype_flag(sub, f->kv_cache_dtype);
   sub->add_option("--threads", f->threads, "Intra-op threads (0 = troupe's --threads or all CPUs)")
       ->check(non_negative_number());

@@ -70,7 +70,11 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device, 
   // Each source is let go once copied: weights moved in are freed as the
   // copies are made, so the two sets never coexist whole.
   // The weight matrices in `dtype` (bfloat16: as llama.cpp's BF16 files
-  // hold them, the norms' and biases' vectors stay fp32).
+  // hold them, the norms' and biases' vectors stay fp32; int8: wte — so the
+  // LM head and the embedding lookup, one per-vocabulary-row scale each — and
+  // the four projections per block, per output channel (int8_g32: per group
+  // of 32 inputs of each); wpe stays fp32, as the vectors do: 3 MB of which a
+  // step reads only its positions' rows).
   auto linear = [&](const torch::Tensor& w, WeightLayout layout) {
     return Linear(to_device(w, device), layout, kernel_isa(), dtype);
   };

@@ -73,8 +73,8 @@ class Gpt2 {
   // Pass them with std::move when nothing else needs them: each is then
   // freed as soon as its copy exists (loaded and packed never coexist whole).
   // `dtype`: the weight matrices' storage (linear.hpp's WeightDtype: bfloat16
-  // halves the bytes each step streams; the math stays fp32, on the rounded
-  // weights).
+  // halves the bytes each step streams, int8 quarters them; the math stays
+  // fp32, on the rounded or dequantized weights).
   Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device,
        WeightDtype dtype = WeightDtype::kFloat32);
 

@@ -50,17 +50,101 @@ torch::Tensor packed_buffer(int64_t P, int64_t K, int64_t nr, torch::ScalarType 
 // bfloat16's bits of v, rounded to nearest, ties to even (c10::BFloat16's rounding).
 uint16_t to_bf16_bits(float v) { return c10::BFloat16(v).x; }
 
+// Symmetric int8 weights: q and their fp32 scales.
+struct Int8Weight {
+  torch::Tensor q;      // int8: per channel, t's shape; per group, [K, N]
+  torch::Tensor scale;  // fp32: per channel [out]; per group [groups, out]
+};
+
+// Per output channel (see quantize_int8_per_channel).
+
+Int8Weight quantize_int8(const torch::Tensor& t_in, WeightLayout layout) {
+  const torch::Tensor t = t_in.to(torch::kFloat32);  // the arithmetic is fp32's whatever the source
+  const int64_t in_dim = layout == WeightLayout::kInOut ? 0 : 1;
+  const torch::Tensor scale = t.abs().amax(in_dim, /*keepdim=*/true) / 127.0f;
+  const torch::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale));
+  torch::Tensor q = t / divisor;
+  q.round_().clamp_(-127, 127);  // round: to nearest, ties to even
+  return {q.to(torch::kChar), scale.reshape({-1})};
+}
+
+// Symmetric int8 per group of kInt8Group inputs of each output channel (see
+// quantize_int8_groups_of_32): q [K, N] (as kInOut, whatever t's layout),
+// scale [groups, N].
+Int8Weight quantize_int8_g32(const torch::Tensor& t_in, WeightLayout layout) {
+  const torch::Tensor t = t_in.to(torch::kFloat32);
+  const torch::Tensor w = layout == WeightLayout::kInOut ? t : t.t();  // [K, N]
+  const int64_t K = w.size(0), N = w.size(1), G = (K + kInt8Group - 1) / kInt8Group;
+  const torch::Tensor padded = at::zeros({G * kInt8Group, N}, t.options());  // zeros change no maximum
+  padded.narrow(0, 0, K).copy_(w);
+  const torch::Tensor groups = padded.view({G, kInt8Group, N});
+  const torch::Tensor scale = groups.abs().amax(1, /*keepdim=*/true) / 127.0f;  // [G, 1, N]
+  const torch::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale));
+  torch::Tensor q = groups / divisor;
+  q.round_().clamp_(-127, 127);
+  return {q.view({G * kInt8Group, N}).narrow(0, 0, K).to(torch::kChar).contiguous(), scale.view({G, N})};
+}
+
+// packed[p][k][j] = W[k][p * nr + j] for panel p of a source in `layout`
+// (K x N as [K, N] for kInOut, [N, K] for kOutIn), zero past column N.
+template <typename T>
+void pack_panel(const T* s, bool in_out, int64_t K, int64_t N, int64_t nr, int64_t p, T* d) {
+  const int64_t ncols = std::min(nr, N - p * nr);
+  if (ncols < nr)
+    for (int64_t k = 0; k < K; ++k) std::fill_n(d + k * nr + ncols, nr - ncols, T{0});
+  if (in_out) {
+    for (int64_t k = 0; k < K; ++k) std::copy_n(s + k * N + p * nr, ncols, d + k * nr);
+  } else {
+    for (int64_t j = 0; j < ncols; ++j) {
+      const T* row = s + (p * nr + j) * K;
+      for (int64_t k = 0; k < K; ++k) d[k * nr + j] = row[k];
+    }
+  }
+}
+
 }  // namespace
 
 WeightDtype parse_weight_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return WeightDtype::kFloat32;
   if (name == "bfloat16" || name == "bf16") return WeightDtype::kBFloat16;
-  throw std::invalid_argument("--dtype '" + name + "': expected float32 or bfloat16");
+  if (name == "int8") return WeightDtype::kInt8;
+  if (name == "int8_g32") return WeightDtype::kInt8G32;
+  throw std::invalid_argument("weight dtype '" + name + "': expected float32, bfloat16, int8 or int8_g32");
 }
 
-const char* to_string(WeightDtype dtype) { return dtype == WeightDtype::kBFloat16 ? "bfloat16" : "float32"; }
+const char* to_string(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::kFloat32:
+      return "float32";
+    case WeightDtype::kBFloat16:
+      return "bfloat16";
+    case WeightDtype::kInt8:
+      return "int8";
+    case WeightDtype::kInt8G32:
+      return "int8_g32";
+  }
+  return "float32";
+}
 
 torch::Tensor round_to_bfloat16(const torch::Tensor& t) { return t.to(torch::kBFloat16).to(t.scalar_type()); }
+
+torch::Tensor quantize_int8_groups_of_32(const torch::Tensor& t, WeightLayout layout) {
+  if (!t.defined() || t.dim() != 2) bad("quantize_int8_groups_of_32", "the weight must be a 2-D tensor");
+  const Int8Weight w = quantize_int8_g32(t, layout);
+  const int64_t K = w.q.size(0), N = w.q.size(1), G = w.scale.size(0);
+  const torch::Tensor per_row = w.scale.unsqueeze(1).expand({G, kInt8Group, N}).reshape({G * kInt8Group, N});
+  const torch::Tensor d = w.q.to(torch::kFloat32) * per_row.narrow(0, 0, K);
+  return layout == WeightLayout::kInOut ? d : d.t().contiguous();
+}
+
+torch::Tensor quantize_int8_per_channel(const torch::Tensor& t, WeightLayout layout) {
+  if (!t.defined() || t.dim() != 2) bad("quantize_int8_per_channel", "the weight must be a 2-D tensor");
+  const Int8Weight w = quantize_int8(t, layout);
+  const torch::Tensor scale = layout == WeightLayout::kInOut ? w.scale.unsqueeze(0) : w.scale.unsqueeze(1);
+  return w.q.to(torch::kFloat32) * scale;
+}
+
+static_assert(kInt8Group == kPackedGroupRows, "the kernels' groups are the quantizer's");
 
 const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa) {
   switch (isa) {
@@ -88,39 +172,82 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
   out_ = weight.size(layout == WeightLayout::kInOut ? 1 : 0);
   if (weight.device().is_cpu() && weight.scalar_type() == torch::kFloat32) kernel_ = packed_gemm_kernel(isa);
   if (!kernel_) {
-    weight_ = dtype == WeightDtype::kBFloat16 ? round_to_bfloat16(weight).contiguous() : weight.contiguous();
+    switch (dtype) {
+      case WeightDtype::kFloat32:
+        weight_ = weight.contiguous();
+        break;
+      case WeightDtype::kBFloat16:
+        weight_ = round_to_bfloat16(weight).contiguous();
+        break;
+      case WeightDtype::kInt8:
+        weight_ = quantize_int8_per_channel(weight, layout).contiguous();
+        break;
+      case WeightDtype::kInt8G32:
+        weight_ = quantize_int8_groups_of_32(weight, layout).contiguous();
+        break;
+    }
     return;
   }
   isa_ = isa;
-  // packed[p][k][j] = W[k][p * nr + j], zero past the last column; as fp32,
-  // or as the bits of its bfloat16 rounding.
-  const bool bf16 = dtype == WeightDtype::kBFloat16;
+  // Panels as fp32, as the bits of the bfloat16 rounding, or as int8 with
+  // the columns' scales beside them.
   const int64_t nr = kernel_->nr;
   const int64_t P = (out_ + nr - 1) / nr, K = in_, N = out_;
-  weight_ = packed_buffer(P, K, nr, bf16 ? torch::kBFloat16 : torch::kFloat32);
-  float* dst = bf16 ? nullptr : weight_.data_ptr<float>();
-  uint16_t* dst16 = bf16 ? reinterpret_cast<uint16_t*>(weight_.data_ptr<at::BFloat16>()) : nullptr;
-  const torch::Tensor src = weight.contiguous();
-  const float* s = src.data_ptr<float>();
   const bool in_out = layout == WeightLayout::kInOut;
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> panel(static_cast<size_t>(bf16 ? K * nr : 0));
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t ncols = std::min(nr, N - p * nr);
-      float* d = bf16 ? panel.data() : dst + p * K * nr;
-      if (ncols < nr)
-        for (int64_t k = 0; k < K; ++k) std::fill_n(d + k * nr + ncols, nr - ncols, 0.0f);
-      if (in_out) {
-        for (int64_t k = 0; k < K; ++k) std::copy_n(s + k * N + p * nr, ncols, d + k * nr);
-      } else {
-        for (int64_t j = 0; j < ncols; ++j) {
-          const float* row = s + (p * nr + j) * K;
-          for (int64_t k = 0; k < K; ++k) d[k * nr + j] = row[k];
-        }
-      }
-      if (bf16) std::transform(d, d + K * nr, dst16 + p * K * nr, to_bf16_bits);
+  switch (dtype) {
+    case WeightDtype::kFloat32: {
+      weight_ = packed_buffer(P, K, nr, torch::kFloat32);
+      const torch::Tensor src = weight.contiguous();
+      const float* s = src.data_ptr<float>();
+      float* dst = weight_.data_ptr<float>();
+      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) pack_panel(s, in_out, K, N, nr, p, dst + p * K * nr);
+      });
+      break;
     }
-  });
+    case WeightDtype::kBFloat16: {
+      weight_ = packed_buffer(P, K, nr, torch::kBFloat16);
+      const torch::Tensor src = weight.contiguous();
+      const float* s = src.data_ptr<float>();
+      uint16_t* dst = reinterpret_cast<uint16_t*>(weight_.data_ptr<at::BFloat16>());
+      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+        std::vector<float> panel(static_cast<size_t>(K * nr));
+        for (int64_t p = p0; p < p1; ++p) {
+          pack_panel(s, in_out, K, N, nr, p, panel.data());
+          std::transform(panel.begin(), panel.end(), dst + p * K * nr, to_bf16_bits);
+        }
+      });
+      break;
+    }
+    case WeightDtype::kInt8: {
+      const Int8Weight w = quantize_int8(weight.contiguous(), layout);
+      weight_ = packed_buffer(P, K, nr, torch::kChar);
+      const torch::Tensor q = w.q.contiguous();
+      const int8_t* s = q.data_ptr<int8_t>();
+      int8_t* dst = weight_.data_ptr<int8_t>();
+      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) pack_panel(s, in_out, K, N, nr, p, dst + p * K * nr);
+      });
+      scales_ = at::zeros({P * nr}, torch::kFloat32);
+      scales_.narrow(0, 0, N).copy_(w.scale);
+      break;
+    }
+    case WeightDtype::kInt8G32: {
+      const Int8Weight w = quantize_int8_g32(weight, layout);  // q [K, N], scale [G, N]
+      weight_ = packed_buffer(P, K, nr, torch::kChar);
+      const int8_t* s = w.q.data_ptr<int8_t>();
+      int8_t* dst = weight_.data_ptr<int8_t>();
+      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) pack_panel(s, /*in_out=*/true, K, N, nr, p, dst + p * K * nr);
+      });
+      // [G, N] -> [P, G, nr], zero past column N.
+      const int64_t G = w.scale.size(0);
+      const torch::Tensor padded = at::zeros({G, P * nr}, torch::kFloat32);
+      padded.narrow(1, 0, N).copy_(w.scale);
+      scales_ = padded.view({G, P, nr}).permute({1, 0, 2}).contiguous();
+      break;
+    }
+  }
 }
 
 torch::Device Linear::device() const {
@@ -160,6 +287,15 @@ void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in,
     const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
     at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
       kernel.run_bf16(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
+    });
+    return;
+  }
+  if (dtype_ == WeightDtype::kInt8 || dtype_ == WeightDtype::kInt8G32) {
+    const int8_t* wp = weight_.data_ptr<int8_t>();
+    const float* sp = scales_.data_ptr<float>();
+    const auto run = dtype_ == WeightDtype::kInt8 ? kernel.run_int8 : kernel.run_int8_g32;
+    at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+      run(xp, M, K, N, wp, sp, bp, c, ldc, accumulate, gelu, p0, p1);
     });
     return;
   }
@@ -227,7 +363,7 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
     return layout_ == WeightLayout::kOutIn ? weight_.index_select(0, idx)
                                            : weight_.index_select(1, idx).t().contiguous();
   }
-  // Column n of W lies in panel n / nr at lane n % nr, one float per nr * 4 bytes.
+  // Column n of W lies in panel n / nr at lane n % nr, one weight per nr of them.
   const int64_t nr = kernel_->nr;
   const torch::Tensor idx = ids.to(torch::kCPU, torch::kLong).contiguous();
   const int64_t T = idx.size(0), K = in_;
@@ -246,6 +382,29 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
         const uint32_t bits = static_cast<uint32_t>(src[k * nr]) << 16;
         std::memcpy(ep + t * K + k, &bits, sizeof bits);
       }
+    }
+    return e;
+  }
+  if (dtype_ == WeightDtype::kInt8) {
+    // q * scale in fp32: quantize_int8_per_channel's values, bit for bit.
+    const int8_t* wp = weight_.data_ptr<int8_t>();
+    const float* sp = scales_.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
+      const float s = sp[ip[t]];
+      for (int64_t k = 0; k < K; ++k) ep[t * K + k] = static_cast<float>(src[k * nr]) * s;
+    }
+    return e;
+  }
+  if (dtype_ == WeightDtype::kInt8G32) {
+    // q * its group's scale in fp32: quantize_int8_groups_of_32's values.
+    const int8_t* wp = weight_.data_ptr<int8_t>();
+    const float* sp = scales_.data_ptr<float>();
+    const int64_t G = scales_.size(1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
+      const float* s = sp + (ip[t] / nr) * G * nr + ip[t] % nr;
+      for (int64_t k = 0; k < K; ++k) ep[t * K + k] = static_cast<float>(src[k * nr]) * s[k / kInt8Group * nr];
     }
     return e;
   }

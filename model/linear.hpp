@@ -27,22 +27,45 @@ namespace troupe::model {
 
 struct PackedGemmKernel;
 
-// The weights' storage (vLLM's --dtype names). bfloat16 halves the bytes a
-// step streams: the packed kernels widen each weight to fp32 in registers
-// and compute exactly as for fp32 weights equal to the rounded ones.
-enum class WeightDtype { kFloat32, kBFloat16 };
-// "float32" / "bfloat16" (also "fp32", "bf16"); std::invalid_argument otherwise.
-WeightDtype parse_weight_dtype(const std::string& name);
-const char* to_string(WeightDtype dtype);
-// `t` rounded to bfloat16 (to nearest, ties to even) and back to fp32: the
-// values a bfloat16 weight holds.
-torch::Tensor round_to_bfloat16(const torch::Tensor& t);
-
 // How the source tensor holds W.
 enum class WeightLayout {
   kInOut,  // [in, out]: Hugging Face Conv1D (GPT-2's c_attn, c_proj, c_fc)
   kOutIn,  // [out, in]: an output head tied to an embedding (GPT-2's wte)
 };
+
+// The weights' storage. float32 and bfloat16 are vLLM's --dtype names, int8
+// its --quantization int8. bfloat16 halves the bytes a step streams: the
+// packed kernels widen each weight to fp32 in registers and compute exactly
+// as for fp32 weights equal to the rounded ones. int8 quarters them:
+// symmetric int8 with one fp32 scale per output channel
+// (quantize_int8_per_channel), widened to fp32 in registers, each output's
+// fp32 sum of x * q multiplied by its channel's scale in the epilogue.
+// int8_g32 is llama.cpp Q8_0's layout: an fp32 scale per group of 32 inputs
+// of each output channel (quantize_int8_groups_of_32; 1.125 bytes a weight),
+// each weight dequantized in registers (q * its group's scale) before the
+// fp32 kernel's FMAs.
+enum class WeightDtype { kFloat32, kBFloat16, kInt8, kInt8G32 };
+// "float32" / "bfloat16" / "int8" / "int8_g32" (also "fp32", "bf16");
+// std::invalid_argument otherwise.
+WeightDtype parse_weight_dtype(const std::string& name);
+const char* to_string(WeightDtype dtype);
+// `t` rounded to bfloat16 (to nearest, ties to even) and back to fp32: the
+// values a bfloat16 weight holds.
+torch::Tensor round_to_bfloat16(const torch::Tensor& t);
+// `t` (fp32, in `layout`) through symmetric int8 per output channel and back:
+// scale[n] = max over the inputs of |W[., n]| / 127 (fp32), q = W / scale
+// rounded to nearest (ties to even) and clamped to [-127, 127], returned as
+// q * scale in fp32 (one rounding) — the values an int8 weight stands for,
+// and exactly what an int8 Linear's embedding() returns. A channel of zeros
+// has scale 0 and stays 0. For wte [vocab, n_embd] (kOutIn) a channel is a
+// vocabulary row.
+torch::Tensor quantize_int8_per_channel(const torch::Tensor& t, WeightLayout layout);
+// The same with a scale per group of kInt8Group consecutive inputs of each
+// output channel (the last group of a channel may be shorter): llama.cpp
+// Q8_0's blocks, with fp32 scales. Exactly the values an int8_g32 Linear
+// multiplies by, and its embedding() returns.
+constexpr int64_t kInt8Group = 32;
+torch::Tensor quantize_int8_groups_of_32(const torch::Tensor& t, WeightLayout layout);
 
 // What forward applies to x @ W + bias.
 enum class Activation {
@@ -66,15 +89,20 @@ class Linear {
   // Throws std::invalid_argument when this CPU cannot run `isa`.
   Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa);
   // The same with the weight stored as `dtype`: packed bfloat16 (half the
-  // bytes) where a packed kernel serves it; elsewhere fp32 rounded to
-  // bfloat16's values, so every variant computes the same function.
+  // bytes) or int8 + per-channel scales (a quarter) where a packed kernel
+  // serves it; elsewhere fp32 rounded to bfloat16's values or holding
+  // quantize_int8_per_channel's, so every variant computes the same function
+  // (int8: up to the fp32 rounding of the sums, the scale applied after).
   Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, WeightDtype dtype);
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   bool packed() const { return kernel_ != nullptr; }  // a packed kernel serves this weight
   WeightDtype dtype() const { return dtype_; }
-  int64_t weight_bytes() const { return weight_.defined() ? weight_.nbytes() : 0; }  // as stored
+  // As stored (int8: with the scales).
+  int64_t weight_bytes() const {
+    return (weight_.defined() ? weight_.nbytes() : 0) + (scales_.defined() ? scales_.nbytes() : 0);
+  }
   // The variant serving this weight: kPortable when it goes through BLAS.
   CpuIsa isa() const { return isa_; }
   torch::Device device() const;
@@ -100,7 +128,11 @@ class Linear {
   void run_packed(const torch::Tensor& x, const torch::Tensor& bias, float* c, int64_t ldc, bool accumulate,
                   bool gelu = false) const;
 
-  torch::Tensor weight_;  // packed: [panels, in, nr] fp32 or bfloat16; else the source as given, contiguous
+  torch::Tensor weight_;  // packed: [panels, in, nr] fp32, bfloat16 or int8; else fp32 (see the constructor)
+  // Packed int8: [panels * nr] fp32, each column's scale (0 past out); packed
+  // int8_g32: [panels, groups, nr], group g of column p * nr + j at [p][g][j];
+  // else undefined.
+  torch::Tensor scales_;
   WeightLayout layout_ = WeightLayout::kInOut;  // the source's layout (unpacked weight_ keeps it)
   WeightDtype dtype_ = WeightDtype::kFloat32;
   int64_t in_ = 0, out_ = 0;

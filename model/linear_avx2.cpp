@@ -24,6 +24,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "model/linear_kernel.hpp"
 
@@ -35,6 +36,7 @@ constexpr int kMr = 6;
 // A chunk of a panel, 256 x 64 B = 16 KiB, and a tile's 6 x 256 floats of x
 // (6 KiB) fit a 32 KiB L1 together.
 constexpr int64_t kKc = 256;
+static_assert(kKc % kPackedGroupRows == 0, "a chunk holds whole groups of int8_g32 rows");
 // x rows per block: [96, 256] fp32 = 96 KiB of x stays in L2 (512 KiB and
 // up) while every panel of the thread passes; each chunk of the weights is
 // read once per block.
@@ -51,18 +53,38 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // KS: accumulator sets, k split KS ways. The tile also prefetches `lines`
 // consecutive lines from pf into L2 (none when pf is null), spread evenly over
 // its kc / KS steps. `gelu`: the stored values go through gelu_tanh (on the
-// last chunk).
-// 8 weights of a panel row as fp32: loaded, or widened from bfloat16 (its
-// bits are the upper half of an fp32's: zero-extend, shift left 16).
+// last chunk). int8 weights (W = int8_t): the accumulators start at 0 and
+// hold this chunk's sums of a * q; the epilogue multiplies them by `scale`
+// (the 16 columns' scales) and adds C (when load_c) in one fused
+// multiply-add, then the bias. Grouped int8 (G): `scale` is the chunk's
+// [kc / 32, 16] group scales, each weight multiplied by its own when loaded,
+// and the rest is fp32's. Other weights ignore `scale`.
+//
+// 8 weights of a panel row as fp32: loaded, widened from bfloat16 (its bits
+// are the upper half of an fp32's: zero-extend, shift left 16), or from int8
+// (sign-extend to int32, convert: exact).
 inline __m256 load_w(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load_w(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline __m256 load_w(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 
-template <int MR, int KS, typename W>
-void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+// Vector v of panel row k's weights, times their group's scales when G
+// (`scale`: the tile's group scales, 16 per group).
+template <bool G, typename W>
+inline __m256 weights(const W* b, const float* scale, int64_t k, int v) {
+  if constexpr (G)
+    return _mm256_mul_ps(load_w(b + k * kNr + 8 * v), _mm256_loadu_ps(scale + k / kPackedGroupRows * kNr + 8 * v));
+  return load_w(b + k * kNr + 8 * v);
+}
+
+template <int MR, int KS, typename W, bool G>
+void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
+          int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+  constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
   const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -70,7 +92,7 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
   __m256 acc[KS][MR][2];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    if (load_c) {
+    if (load_c && !kScaled) {
       acc[0][i][0] = full ? _mm256_loadu_ps(c + i * ldc) : _mm256_maskload_ps(c + i * ldc, m0);
       acc[0][i][1] = full ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_maskload_ps(c + i * ldc + 8, m1);
     } else {
@@ -88,8 +110,7 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
     }
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) {
-      const W* bk = b + (k + s) * kNr;
-      const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
+      const __m256 b0 = weights<G>(b, scale, k + s, 0), b1 = weights<G>(b, scale, k + s, 1);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m256 ai = _mm256_broadcast_ss(a + i * lda + k + s);
@@ -99,8 +120,7 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
     }
   }
   for (; k < kc; ++k) {
-    const W* bk = b + k * kNr;
-    const __m256 b0 = load_w(bk), b1 = load_w(bk + 8);
+    const __m256 b0 = weights<G>(b, scale, k, 0), b1 = weights<G>(b, scale, k, 1);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 ai = _mm256_broadcast_ss(a + i * lda + k);
@@ -112,6 +132,11 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
       bias ? (full ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, m0)) : _mm256_setzero_ps();
   const __m256 bias1 =
       bias ? (full ? _mm256_loadu_ps(bias + 8) : _mm256_maskload_ps(bias + 8, m1)) : _mm256_setzero_ps();
+  __m256 scale0 = _mm256_setzero_ps(), scale1 = _mm256_setzero_ps();
+  if constexpr (kScaled) {
+    scale0 = full ? _mm256_loadu_ps(scale) : _mm256_maskload_ps(scale, m0);
+    scale1 = full ? _mm256_loadu_ps(scale + 8) : _mm256_maskload_ps(scale + 8, m1);
+  }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     __m256 r0 = acc[0][i][0], r1 = acc[0][i][1];
@@ -119,6 +144,16 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
     for (int s = 1; s < KS; ++s) {
       r0 = _mm256_add_ps(r0, acc[s][i][0]);
       r1 = _mm256_add_ps(r1, acc[s][i][1]);
+    }
+    if constexpr (kScaled) {
+      if (load_c) {
+        r0 = _mm256_fmadd_ps(r0, scale0, full ? _mm256_loadu_ps(c + i * ldc) : _mm256_maskload_ps(c + i * ldc, m0));
+        r1 = _mm256_fmadd_ps(r1, scale1,
+                             full ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_maskload_ps(c + i * ldc + 8, m1));
+      } else {
+        r0 = _mm256_mul_ps(r0, scale0);
+        r1 = _mm256_mul_ps(r1, scale1);
+      }
     }
     if (bias) {
       r0 = _mm256_add_ps(r0, bias0);
@@ -139,23 +174,31 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
 }
 
 template <typename W>
-using TileFn = void (*)(const float*, int64_t, const W*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                        const char*, int64_t, bool);
-template <typename W>
-constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W>, tile<2, 2, W>, tile<3, 1, W>,
-                                       tile<4, 1, W>, tile<5, 1, W>, tile<6, 1, W>};
+using TileFn = void (*)(const float*, int64_t, const W*, const float*, int64_t, const float*, int64_t, float*,
+                        int64_t, bool, const char*, int64_t, bool);
+template <typename W, bool G = false>
+constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W, G>, tile<2, 2, W, G>, tile<3, 1, W, G>,
+                                       tile<4, 1, W, G>, tile<5, 1, W, G>, tile<6, 1, W, G>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
 
-template <typename W>
-void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c, int64_t ldc,
-         bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+// `scale`: int8's per-column scales [N], or with G int8_g32's group scales
+// [P, ceil(K / 32), 16] (else nullptr).
+template <typename W, bool G = false>
+void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* scale, const float* bias,
+         float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  const int64_t groups = (K + kPackedGroupRows - 1) / kPackedGroupRows;
+  // The scales of panel p's rows from k0 on.
+  auto tile_scale = [&](int64_t p, int64_t k0) -> const float* {
+    if (!scale) return nullptr;
+    return G ? scale + (p * groups + k0 / kPackedGroupRows) * kNr : scale + p * kNr;
+  };
   if (M <= kMr) {
     // One tile: no weight is reused, so no chunking either; each panel is
     // one contiguous stream, which the hardware prefetcher serves alone.
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;
-      kTiles<W>[M](x, K, w + p * K * kNr, K, bias ? bias + col : nullptr, min64(kNr, N - col), c + col, ldc,
-                   accumulate, nullptr, 0, gelu);
+      kTiles<W, G>[M](x, K, w + p * K * kNr, tile_scale(p, 0), K, bias ? bias + col : nullptr,
+                      min64(kNr, N - col), c + col, ldc, accumulate, nullptr, 0, gelu);
     }
     return;
   }
@@ -179,8 +222,8 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
         }
         const int64_t col = p * kNr, ncols = min64(kNr, N - col);
         // Tiles share out the next chunk's lines (one per panel row of fp32,
-        // one per two of bfloat16) in equal parts, each spread over the
-        // tile's pass (see avx512's run()).
+        // one per two of bfloat16, per four of int8) in equal parts, each
+        // spread over the tile's pass (see avx512's run()).
         const int64_t next_lines = (next_rows * kNr * static_cast<int64_t>(sizeof(W)) + 63) / 64;
         const int64_t share = (next_lines + tiles - 1) / tiles;
         for (int64_t i = 0, t = 0; i < mc; i += kMr, ++t) {
@@ -188,16 +231,24 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
           const int64_t first = t * share,
                         lines = next && kc >= kSplit[rows] ? min64(share, next_lines - first) : 0;
           const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
-          kTiles<W>[rows](x + (m0 + i) * K + k0, K, chunk, kc, last && bias ? bias + col : nullptr, ncols,
-                          c + (m0 + i) * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
+          kTiles<W, G>[rows](x + (m0 + i) * K + k0, K, chunk, tile_scale(p, k0), kc,
+                             last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
+                             accumulate || k0 > 0, pf, lines, last && gelu);
         }
       }
     }
   }
 }
 
+template <typename W>
+void run_unscaled(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c,
+                  int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  run<W>(x, M, K, N, w, nullptr, bias, c, ldc, accumulate, gelu, p0, p1);
+}
+
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run<float>, run<uint16_t>};
+const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uint16_t>, run<int8_t>,
+                                      run<int8_t, true>};
 
 }  // namespace troupe::model::avx2

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "model/linear_kernel.hpp"
 
@@ -31,6 +32,7 @@ constexpr int kMr = 6;  // rows per tile: 6 x 4 = 24 accumulators of the 32 zmm 
 // 256 B = 96 KiB, so the chunk stays in L2 while all tiles pass over it and
 // the next one is prefetched (measured best among 128..768 with 2 threads).
 constexpr int64_t kKc = 384;
+static_assert(kKc % kPackedGroupRows == 0, "a chunk holds whole groups of int8_g32 rows");
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
@@ -47,17 +49,37 @@ inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 // is null), spread evenly over its kc steps: its share of the next chunk, so
 // the memory stream runs while the tiles compute, at an even pace.
 // `gelu`: the stored values go through gelu_tanh (on the last chunk).
-// 16 weights of a panel row as fp32: loaded, or widened from bfloat16 (its
-// bits are the upper half of an fp32's: zero-extend, shift left 16).
+// int8 weights (W = int8_t): the accumulators start at 0 and hold this
+// chunk's sums of a * q; the epilogue multiplies them by `scale` (the 64
+// columns' scales) and adds C (when load_c) in one fused multiply-add, then
+// the bias. Grouped int8 (G): `scale` is the chunk's [kc / 32, 64] group
+// scales, each weight multiplied by its own when loaded, and the rest is
+// fp32's. Other weights ignore `scale`.
+//
+// 16 weights of a panel row as fp32: loaded, widened from bfloat16 (its
+// bits are the upper half of an fp32's: zero-extend, shift left 16), or
+// from int8 (sign-extend to int32, convert: exact).
 inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_w(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline __m512 load_w(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
-template <int MR, typename W>
-void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias, int64_t ncols, float* c,
-          int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+// Vector v of a panel row's weights, times their group's scales (the row's
+// 64 at gs) when G.
+template <bool G, typename W>
+inline __m512 weights(const W* row, const float* gs, int v) {
+  if constexpr (G) return _mm512_mul_ps(load_w(row + 16 * v), _mm512_loadu_ps(gs + 16 * v));
+  return load_w(row + 16 * v);
+}
+
+template <int MR, typename W, bool G>
+void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
+          int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+  constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   __mmask16 mask[kNv];
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) mask[v] = static_cast<__mmask16>((1u << clamp64(ncols - 16 * v, 0, 16)) - 1u);
@@ -66,14 +88,16 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v)
-      acc[i][v] = load_c ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[i][v] = load_c && !kScaled ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
   int64_t due = 0;  // lines owed so far, times kc
   for (int64_t k = 0; k < kc; ++k) {
     if (pf) {
       for (due += lines; due >= kc; due -= kc, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     }
     const W* bk = b + k * kNr;
-    const __m512 b0 = load_w(bk), b1 = load_w(bk + 16), b2 = load_w(bk + 32), b3 = load_w(bk + 48);
+    const float* gs = G ? scale + k / kPackedGroupRows * kNr : nullptr;
+    const __m512 b0 = weights<G>(bk, gs, 0), b1 = weights<G>(bk, gs, 1), b2 = weights<G>(bk, gs, 2),
+                 b3 = weights<G>(bk, gs, 3);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 ai = _mm512_set1_ps(a[i * lda + k]);
@@ -87,20 +111,25 @@ void tile(const float* a, int64_t lda, const W* b, int64_t kc, const float* bias
   for (int v = 0; v < kNv; ++v) {
     if (!mask[v]) break;
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask[v], bias + 16 * v) : _mm512_setzero_ps();
+    const __m512 sv = kScaled ? _mm512_maskz_loadu_ps(mask[v], scale + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512 r = bias ? _mm512_add_ps(acc[i][v], bv) : acc[i][v];
+      __m512 r = acc[i][v];
+      if constexpr (kScaled)
+        r = load_c ? _mm512_fmadd_ps(r, sv, _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v))
+                   : _mm512_mul_ps(r, sv);
+      r = bias ? _mm512_add_ps(r, bv) : r;
       _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], gelu ? (__m512)gelu_tanh((Lanes)r) : r);
     }
   }
 }
 
 template <typename W>
-using TileFn = void (*)(const float*, int64_t, const W*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                        const char*, int64_t, bool);
-template <typename W>
-constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,      tile<1, W>, tile<2, W>, tile<3, W>,
-                                       tile<4, W>, tile<5, W>, tile<6, W>};
+using TileFn = void (*)(const float*, int64_t, const W*, const float*, int64_t, const float*, int64_t, float*,
+                        int64_t, bool, const char*, int64_t, bool);
+template <typename W, bool G = false>
+constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,       tile<1, W, G>, tile<2, W, G>, tile<3, W, G>,
+                                       tile<4, W, G>, tile<5, W, G>, tile<6, W, G>};
 
 // Per panel, chunk by chunk of kKc rows, every row tile passes over the chunk
 // while it sits in L2; the tiles share out the prefetch of the next chunk
@@ -109,10 +138,13 @@ constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,      tile<1, W>, tile<2, W>, til
 // FMAs run. (Handing the whole chunk to the first tiles at a line or two per
 // k step instead, as before, sent the requests in bursts that stalled those
 // tiles: on the Xeon, one thread, M = 64 ran ~10% slower that way.)
-template <typename W>
-void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c, int64_t ldc,
-         bool accumulate, bool gelu, int64_t p0, int64_t p1) {
-  constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16
+// `scale`: int8's per-column scales [N], or with G int8_g32's group scales
+// [P, ceil(K / 32), 64] (else nullptr).
+template <typename W, bool G = false>
+void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* scale, const float* bias,
+         float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  const int64_t groups = (K + kPackedGroupRows - 1) / kPackedGroupRows;
+  constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16, 1 int8
   const int64_t tiles = (M + kMr - 1) / kMr;
   // One row alone is a plain stream, which the hardware prefetcher serves
   // better without help (measured).
@@ -131,15 +163,25 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
         const int64_t first = t * share, lines = prefetch ? min64(share, next_lines - first) : 0;
         const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
         const int64_t rows = min64(kMr, M - i);
-        kTiles<W>[rows](x + i * K + k0, K, panel + k0 * kNr, kc, last && bias ? bias + col : nullptr, ncols,
-                        c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
+        const float* s = !scale ? nullptr
+                         : G    ? scale + (p * groups + k0 / kPackedGroupRows) * kNr
+                                : scale + col;
+        kTiles<W, G>[rows](x + i * K + k0, K, panel + k0 * kNr, s, kc, last && bias ? bias + col : nullptr,
+                           ncols, c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
       }
     }
   }
 }
 
+template <typename W>
+void run_unscaled(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const float* bias, float* c,
+                  int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1) {
+  run<W>(x, M, K, N, w, nullptr, bias, c, ldc, accumulate, gelu, p0, p1);
+}
+
 }  // namespace
 
-const PackedGemmKernel kPackedGemm = {kNr, run<float>, run<uint16_t>};
+const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uint16_t>, run<int8_t>,
+                                      run<int8_t, true>};
 
 }  // namespace troupe::model::avx512

@@ -13,6 +13,9 @@
 
 namespace troupe::model {
 
+// Rows of K per scale of run_int8_g32's weights (linear.hpp's kInt8Group).
+constexpr int64_t kPackedGroupRows = 32;
+
 struct PackedGemmKernel {
   int64_t nr;  // columns per panel
   // C = (accumulate ? C : 0) + x @ W[:, panels p0..p1) + bias, for the
@@ -28,6 +31,23 @@ struct PackedGemmKernel {
   // the bits are run's on the widened weights; half the bytes stream in.
   void (*run_bf16)(const float* x, int64_t M, int64_t K, int64_t N, const uint16_t* w, const float* bias,
                    float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1);
+  // The same with the weight packed as int8 q and scale [N] (column n's):
+  // each q widened to fp32 in registers, the fp32 sums of x * q over a chunk
+  // of K multiplied by scale[n] in the epilogue, before C, bias and GELU
+  // (C += scale * sum + bias, one fused multiply-add per chunk). So the
+  // result is fp32 x @ (q * scale) up to the rounding of those multiplies;
+  // a quarter of fp32's bytes stream in.
+  void (*run_int8)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w, const float* scale,
+                   const float* bias, float* c, int64_t ldc, bool accumulate, bool gelu, int64_t p0,
+                   int64_t p1);
+  // The same with a scale per group of 32 rows of K (llama.cpp Q8_0's
+  // blocks): group_scale [P, ceil(K / 32), nr], as the panels. Each q is
+  // widened and multiplied by its group's scale in registers (one rounding:
+  // exactly the fp32 value q * scale), then run's FMAs in run's order: the
+  // bits of run on the dequantized weights.
+  void (*run_int8_g32)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w,
+                       const float* group_scale, const float* bias, float* c, int64_t ldc, bool accumulate,
+                       bool gelu, int64_t p0, int64_t p1);
 };
 
 // The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).

@@ -192,7 +192,7 @@ struct WorkerInfo {
   uint64_t fingerprint = 0;  // hash of the model's config and weights
   int64_t kv_bytes = 0;      // bytes of memory its KV pool takes (num_blocks x a block's bytes); 0 = not said
   std::string cost;          // its step-cost model (`troupe profile`'s "cost" object, JSON text); "" = none
-  std::string dtype = "float32";  // its weights' storage (--dtype): "float32" or "bfloat16"
+  std::string dtype = "float32";  // its weights' storage (--dtype, --quantization): float32, bfloat16, int8
   std::string kv_dtype = "float32";  // its KV cache's storage (--kv-cache-dtype): "float32" or "bfloat16"
 };
 

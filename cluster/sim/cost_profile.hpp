@@ -47,7 +47,7 @@ struct CostProfile {
   static constexpr int kVersion = 1;
   std::string created;    // UTC ISO-8601 time of the measurement
   std::string device;     // "cpu", "cuda:0", ...
-  std::string dtype = "float32";  // the weights' storage the steps ran with (--dtype); one profile per dtype
+  std::string dtype = "float32";  // the weights' storage the steps ran with (--dtype, --quantization); one per dtype
   std::string kv_cache_dtype = "float32";  // the KV cache's (--kv-cache-dtype); kv_bytes_per_token follows it
   std::string processor;  // CPU model (/proc/cpuinfo) or GPU name
   int32_t threads = 0;    // intra-op threads used

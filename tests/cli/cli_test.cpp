@@ -482,9 +482,37 @@ TEST(Cli, PerplexityJsonIsConsistentAndIndependentOfTheChunkSize) {
   EXPECT_EQ(w16["kv_cache_dtype"], "float32");
   EXPECT_NE(w16["kl_mean"].get<double>(), kl["kl_mean"].get<double>());
 
-  auto r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --kl-divergence"));
+  // int8 weights (--quantization int8) likewise; "none" is float32; with --dtype bfloat16 a usage error.
+  const json q8 = run_json(base + " --context 64 --stride 32 --quantization int8");
+  EXPECT_NE(q8["ppl"].get<double>(), a["ppl"].get<double>()) << "quantized weights are another model";
+  EXPECT_NEAR(q8["ppl"].get<double>(), a["ppl"].get<double>(), 0.05 * a["ppl"].get<double>());
+  const json kl8 = run_json(base + " --context 64 --stride 32 --quantization int8 --kl-divergence");
+  EXPECT_EQ(kl8["dtype"], "int8");
+  EXPECT_GT(kl8["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(kl8["kl_mean"].get<double>(), 0.05);
+  EXPECT_GE(kl8["kl_p99"].get<double>(), kl8["kl_mean"].get<double>());
+  EXPECT_GT(kl8["top1_agreement"].get<double>(), 0.5);
+  EXPECT_NEAR(kl8["ppl"].get<double>(), q8["ppl"].get<double>(), 1e-6 * q8["ppl"].get<double>());
+  const json g32 = run_json(base + " --context 64 --stride 32 --quantization int8_g32 --kl-divergence");
+  EXPECT_EQ(g32["dtype"], "int8_g32");
+  EXPECT_GT(g32["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(g32["kl_mean"].get<double>(), 0.05);
+  EXPECT_NE(g32["ppl"].get<double>(), q8["ppl"].get<double>()) << "groups of 32 are another quantization";
+  const json none = run_json(base + " --context 64 --stride 32 --quantization none");
+  EXPECT_NEAR(none["ppl"].get<double>(), a["ppl"].get<double>(), 1e-5 * a["ppl"].get<double>());
+  const json fp_q8 = run_json(base + " --context 64 --stride 32 --dtype float32 --quantization int8");
+  EXPECT_NEAR(fp_q8["ppl"].get<double>(), q8["ppl"].get<double>(), 1e-6 * q8["ppl"].get<double>());
+  auto r = run_command(tcmd(base + " --dtype bfloat16 --quantization int8"));
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.output.find("give --dtype bfloat16"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("int8 weights widen to fp32, not to --dtype bfloat16"), std::string::npos) << r.output;
+  r = run_command(tcmd(base + " --quantization int4"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--quantization"), std::string::npos) << r.output;
+
+  r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --kl-divergence"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("give --dtype bfloat16, --quantization int8 or --kv-cache-dtype bfloat16"), std::string::npos)
+      << r.output;
   r = run_command(tcmd("perplexity " + model_flag() + " --file " + shell_quote(text) + " --context 4096"));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--context 4096 is past the model's 128 positions"), std::string::npos) << r.output;

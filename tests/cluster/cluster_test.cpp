@@ -651,10 +651,10 @@ TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
   EXPECT_EQ(emu->wait(seconds(60)), std::optional<int>(0)) << emu->log();
 }
 
-// --dtype: a node whose weights (or KV cache) are stored otherwise than the
-// head's is refused (it says why and exits) unless the head allows mixed
-// dtypes; a bfloat16 node (bfloat16 KV: auto) serves a head's jobs as the
-// same model run here.
+// --dtype, --quantization, --kv-cache-dtype: a node whose weights (or KV
+// cache) are stored otherwise than the head's is refused (it says why and
+// exits) unless the head allows mixed dtypes; a bfloat16 node (bfloat16
+// KV: auto) serves a head's jobs as the same model run here.
 TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
   TempDir dir;
   {
@@ -665,6 +665,9 @@ TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
     auto kv = start_worker(dir, head, "kv", {"--kv-cache-dtype", "bfloat16"});
     EXPECT_NE(kv->wait(seconds(60)), std::optional<int>(0)) << kv->log();
     EXPECT_NE(kv->log().find("--kv-cache-dtype bfloat16, the head float32"), std::string::npos) << kv->log();
+    auto q8 = start_worker(dir, head, "q8", {"--quantization", "int8"});  // says "int8" at register
+    EXPECT_NE(q8->wait(seconds(60)), std::optional<int>(0)) << q8->log();
+    EXPECT_NE(q8->log().find("int8, the head float32"), std::string::npos) << q8->log();
   }
   const std::string jobs = dir.file("jobs.jsonl");
   write_jobs(jobs, 6, 8, 3);

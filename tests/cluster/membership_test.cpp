@@ -252,6 +252,16 @@ TEST(Membership, AWorkerOfAnotherDtypeIsRefusedUnlessMixedDtypesAreAllowed) {
   Membership bf_head(head_bf16, 1);
   EXPECT_EQ(joined(bf_head.on_register("peer-bf", bf16, now)).workers.size(), 1u);
   refusal(bf_head.on_register("peer-fp", node("fp", 1), now));
+  // int8 (--quantization int8) is a dtype of its own.
+  transport::Register i8 = node("i8", 1);
+  i8.workers[0].dtype = "int8";
+  EXPECT_NE(refusal(bf_head.on_register("peer-i8", i8, now)).reply.reason.find("int8, the head bfloat16"),
+            std::string::npos);
+  MembershipOptions head_i8 = options();
+  head_i8.dtype = "int8";
+  Membership i8_head(head_i8, 1);
+  EXPECT_EQ(joined(i8_head.on_register("peer-i8", i8, now)).workers.size(), 1u);
+  refusal(i8_head.on_register("peer-fp", node("fp", 1), now));
 }
 
 // The same for the KV cache's storage (--kv-cache-dtype).

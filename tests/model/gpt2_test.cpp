@@ -249,6 +249,32 @@ TEST(Gpt2Bfloat16, EqualsTheFp32ModelOfTheRoundedWeights) {
   EXPECT_LT((a - c).abs().max().item<float>(), 0.05f * c.abs().max().item<float>());
 }
 
+// int8 in groups of 32 (Q8_0's blocks): exactly the fp32 model of the
+// dequantized matrices (wte and the four projections; wpe and the vectors as
+// loaded), as bfloat16 is of its rounded ones.
+TEST(Gpt2Int8Groups, EqualsTheFp32ModelOfTheDequantizedWeights) {
+  const Gpt2Config cfg = Gpt2Config::preset("tiny");
+  const Gpt2Weights w = Gpt2Weights::random(cfg, 22);
+  Gpt2Weights deq = w;
+  deq.wte = quantize_int8_groups_of_32(w.wte, WeightLayout::kOutIn);
+  for (LayerWeights& l : deq.layers) {
+    l.attn_c_attn_weight = quantize_int8_groups_of_32(l.attn_c_attn_weight, WeightLayout::kInOut);
+    l.attn_c_proj_weight = quantize_int8_groups_of_32(l.attn_c_proj_weight, WeightLayout::kInOut);
+    l.mlp_c_fc_weight = quantize_int8_groups_of_32(l.mlp_c_fc_weight, WeightLayout::kInOut);
+    l.mlp_c_proj_weight = quantize_int8_groups_of_32(l.mlp_c_proj_weight, WeightLayout::kInOut);
+  }
+  const Gpt2 g32(cfg, w, torch::kCPU, WeightDtype::kInt8G32);
+  const Gpt2 ref(cfg, deq, torch::kCPU);
+  EXPECT_EQ(g32.dtype(), WeightDtype::kInt8G32);
+  const std::vector<int32_t> ids = {464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13};
+  const torch::Tensor a = g32.forward_full(ids);
+  EXPECT_TRUE(at::equal(a, ref.forward_full(ids)));
+  auto cache = g32.make_contiguous_cache(16);
+  auto cache_ref = ref.make_contiguous_cache(16);
+  EXPECT_TRUE(at::equal(g32.forward_contiguous(ids, cache), ref.forward_contiguous(ids, cache_ref)));
+  EXPECT_FALSE(at::equal(a, Gpt2(cfg, w, torch::kCPU).forward_full(ids)));
+}
+
 TEST(Gpt2Construct, RejectsWeightsOfAnotherShape) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");
   Gpt2Weights w = Gpt2Weights::random(cfg, 1);
@@ -461,6 +487,34 @@ TEST_P(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
     EXPECT_TRUE(torch::equal(a.k(l), b.k(l)));
     EXPECT_TRUE(torch::equal(a.v(l), b.v(l)));
   }
+}
+
+// int8 weights: the fp32 model of the dequantized matrices (wte — so the LM
+// head and the embedding lookup alike — and the four projections of every
+// block, a scale per output channel; wpe and the vectors as loaded), in every
+// variant: as close to the double reference on those values as the fp32
+// model is to its own, clearly another model than the unquantized one, and
+// its batched steps equal to forward_full row by row, whatever the batch.
+TEST_P(Gpt2Test, Int8IsTheModelOfItsDequantizedWeights) {
+  Gpt2Weights deq = weights;
+  deq.wte = quantize_int8_per_channel(weights.wte, WeightLayout::kOutIn);
+  for (LayerWeights& l : deq.layers) {
+    l.attn_c_attn_weight = quantize_int8_per_channel(l.attn_c_attn_weight, WeightLayout::kInOut);
+    l.attn_c_proj_weight = quantize_int8_per_channel(l.attn_c_proj_weight, WeightLayout::kInOut);
+    l.mlp_c_fc_weight = quantize_int8_per_channel(l.mlp_c_fc_weight, WeightLayout::kInOut);
+    l.mlp_c_proj_weight = quantize_int8_per_channel(l.mlp_c_proj_weight, WeightLayout::kInOut);
+  }
+  const Gpt2 q8(cfg, weights, torch::kCPU, WeightDtype::kInt8);
+  EXPECT_EQ(q8.dtype(), WeightDtype::kInt8);
+  const auto ids = random_ids(23, 1, cfg.vocab_size);
+  const torch::Tensor got = q8.forward_full(ids);
+  EXPECT_LT(max_diff(got, reference_logits(cfg, deq, ids)), 1e-4);
+  EXPECT_GT(max_diff(got, reference_logits(cfg, weights, ids)), 1e-2) << "int8 weights are another model";
+  ContiguousKv kv = q8.make_contiguous_cache(static_cast<int64_t>(ids.size()));
+  torch::Tensor last;
+  for (int32_t id : ids) last = q8.forward_contiguous({id}, kv);
+  EXPECT_LT(max_diff(last[-1], got[-1]), 1e-4);
+  run_scheduled(q8, 8, PagedAttention::kAuto, 5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, Gpt2Test, ::testing::ValuesIn(all_isas()), test::isa_name);

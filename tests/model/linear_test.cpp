@@ -344,6 +344,146 @@ TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
                         round_to_bfloat16(wte).index_select(0, ids)));
 }
 
+// int8 weights (symmetric, a scale per output channel): a quarter of the
+// bytes, and fp32's function of the dequantized weights (q * scale) up to
+// fp32 rounding — each output's sum of x * q is multiplied by its scale once
+// per chunk of K instead of each weight — so every shape, activation,
+// accumulation and layout is held to the fp32 kernels' tolerance against the
+// double reference on quantize_int8_per_channel's values; the embedding rows
+// are those values exactly.
+TEST_P(LinearVariant, Int8WeightsComputeTheFp32FunctionOfTheirDequantizedValues) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  at::manual_seed(10);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const torch::Tensor deq = quantize_int8_per_channel(w, WeightLayout::kInOut);
+    const Linear q8(w, WeightLayout::kInOut, isa, WeightDtype::kInt8);
+    EXPECT_EQ(q8.dtype(), WeightDtype::kInt8);
+    EXPECT_EQ(q8.packed(), isa != CpuIsa::kPortable);
+    const torch::Tensor y = q8.forward(x, b);
+    EXPECT_LT(rel_error(y, x, deq, b), kRelTol);
+    // GELU is applied to the same sums: within its slope (< 1.13) of them.
+    const torch::Tensor g = q8.forward(x, b, Activation::kGeluTanh);
+    const torch::Tensor scale =
+        at::mm(x.abs().to(torch::kDouble), deq.abs().to(torch::kDouble)) + b.abs().to(torch::kDouble) + 1e-30;
+    const torch::Tensor g_ref =
+        at::gelu(at::addmm(b.to(torch::kDouble), x.to(torch::kDouble), deq.to(torch::kDouble)), "tanh");
+    EXPECT_LT(((g.to(torch::kDouble) - g_ref).abs() / scale).max().item<double>(), 2 * kRelTol);
+    torch::Tensor acc = at::randn({c.m, c.n});
+    const torch::Tensor before = acc.clone();
+    q8.forward_add_(acc, x, b);
+    EXPECT_LT(rel_error(acc, x, deq, b, before), kRelTol);
+    // kOutIn: a channel is a row of the source, the same channels as w's columns.
+    const torch::Tensor wt = w.t().contiguous();
+    EXPECT_TRUE(at::equal(quantize_int8_per_channel(wt, WeightLayout::kOutIn), deq.t()));
+    const Linear out_in(wt, WeightLayout::kOutIn, isa, WeightDtype::kInt8);
+    EXPECT_LT(rel_error(out_in.forward(x), x, deq, {}), kRelTol);
+    if (q8.packed()) {
+      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16, padded = (c.n + nr - 1) / nr * nr;
+      EXPECT_EQ(q8.weight_bytes(), padded * c.k + padded * 4) << "one byte a weight, four a column's scale";
+    }
+  }
+  // Quantization is not free: the dequantized weights differ from the source.
+  const torch::Tensor w = at::randn({300, 70}), x = at::randn({5, 300});
+  EXPECT_GT((Linear(w, WeightLayout::kInOut, isa, WeightDtype::kInt8).forward(x) -
+             Linear(w, WeightLayout::kInOut, isa).forward(x))
+                .abs()
+                .max()
+                .item<float>(),
+            1e-3f);
+  const torch::Tensor wte = at::randn({131, 40});
+  const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+  EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kInt8).embedding(ids),
+                        quantize_int8_per_channel(wte, WeightLayout::kOutIn).index_select(0, ids)));
+}
+
+// int8 in groups of 32 inputs (llama.cpp Q8_0's blocks): each weight is
+// dequantized in registers before the fp32 kernel's FMAs, so the result is
+// the fp32 Linear's on the dequantized weights bit for bit, in every shape,
+// activation, accumulation and layout; the embedding rows are those values.
+TEST_P(LinearVariant, Int8GroupsOf32ComputeExactlyAsTheirDequantizedFp32) {
+  const CpuIsa isa = GetParam();
+  TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  at::manual_seed(11);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const torch::Tensor deq = quantize_int8_groups_of_32(w, WeightLayout::kInOut);
+    const Linear g32(w, WeightLayout::kInOut, isa, WeightDtype::kInt8G32);
+    const Linear ref(deq, WeightLayout::kInOut, isa);
+    EXPECT_EQ(g32.dtype(), WeightDtype::kInt8G32);
+    EXPECT_EQ(g32.packed(), ref.packed());
+    EXPECT_TRUE(at::equal(g32.forward(x, b), ref.forward(x, b)));
+    EXPECT_TRUE(at::equal(g32.forward(x, b, Activation::kGeluTanh), ref.forward(x, b, Activation::kGeluTanh)));
+    torch::Tensor acc = at::randn({c.m, c.n}), acc_ref = acc.clone();
+    g32.forward_add_(acc, x, b);
+    ref.forward_add_(acc_ref, x, b);
+    EXPECT_TRUE(at::equal(acc, acc_ref));
+    const torch::Tensor wt = w.t().contiguous();
+    EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(wt, WeightLayout::kOutIn), deq.t()));
+    const Linear out_in(wt, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32);
+    EXPECT_TRUE(at::equal(out_in.forward(x), Linear(deq.t().contiguous(), WeightLayout::kOutIn, isa).forward(x)));
+    if (g32.packed()) {
+      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16, padded = (c.n + nr - 1) / nr * nr;
+      EXPECT_EQ(g32.weight_bytes(), padded * c.k + padded * ((c.k + 31) / 32) * 4)
+          << "one byte a weight, four a group's scale";
+    }
+  }
+  const torch::Tensor wte = at::randn({131, 70});
+  const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+  EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32).embedding(ids),
+                        quantize_int8_groups_of_32(wte, WeightLayout::kOutIn).index_select(0, ids)));
+}
+
+// Scales of 1 and 2 (max |W| of 127 and 254) make every division exact, so
+// the rounding (to nearest, ties to even) and the clamp show plainly.
+TEST(Linear, QuantizesInt8PerOutputChannelToNearestEven) {
+  // [in = 4, out = 3]: column 0 has scale 1, column 1 scale 2, column 2 is all zeros.
+  const torch::Tensor w = torch::tensor(std::vector<float>{127, 254, 0,  //
+                                                           2.5f, -5, 0,  //
+                                                           -3.5f, 3, 0,  //
+                                                           0.4f, -254, 0})
+                              .view({4, 3});
+  const torch::Tensor want = torch::tensor(std::vector<float>{127, 254, 0,  //
+                                                              2, -4, 0,     //
+                                                              -4, 4, 0,     //
+                                                              0, -254, 0})
+                                 .view({4, 3});
+  EXPECT_TRUE(at::equal(quantize_int8_per_channel(w, WeightLayout::kInOut), want));
+  EXPECT_TRUE(at::equal(quantize_int8_per_channel(w.t().contiguous(), WeightLayout::kOutIn), want.t()));
+  // Per channel, not per tensor: a column of small values keeps its resolution.
+  const torch::Tensor mixed = torch::tensor(std::vector<float>{1000, 0.01f, -1000, -0.02f}).view({2, 2});
+  const torch::Tensor d = quantize_int8_per_channel(mixed, WeightLayout::kInOut);
+  EXPECT_NEAR(d[0][1].item<float>(), 0.01f, 0.02f / 127);  // within a step of 0.02 / 127 (per tensor: 7.9)
+  EXPECT_NEAR(d[1][1].item<float>(), -0.02f, 1e-7f);
+  for (CpuIsa isa : all_isas()) {
+    if (!cpu_supports(isa)) continue;
+    SCOPED_TRACE(to_string(isa));
+    // The scales land on the right columns: x = one-hot rows read W's rows back.
+    const Linear q8(w, WeightLayout::kInOut, isa, WeightDtype::kInt8);
+    EXPECT_TRUE(at::equal(q8.forward(at::eye(4)), want));
+  }
+  // Groups of 32 inputs: one column of 70 = 32 + 32 + 6 with maxima 127, 254
+  // and 127 * 4; every group gets its own scale (1, 2, 4).
+  torch::Tensor col = at::zeros({70, 1});
+  col[0][0] = 127.0f;
+  col[1][0] = 2.5f;    // scale 1: ties to even, 2
+  col[32][0] = -254.0f;
+  col[33][0] = 3.0f;   // scale 2: 1.5 -> 2, so 4
+  col[64][0] = 508.0f;
+  col[65][0] = 6.0f;   // scale 4: 1.5 -> 2, so 8
+  col[66][0] = 2.0f;   // 0.5 -> 0
+  torch::Tensor col_want = col.clone();
+  col_want[1][0] = 2.0f;
+  col_want[33][0] = 4.0f;
+  col_want[65][0] = 8.0f;
+  col_want[66][0] = 0.0f;
+  EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(col, WeightLayout::kInOut), col_want));
+  EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(col.t().contiguous(), WeightLayout::kOutIn), col_want.t()));
+}
+
 TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
   // 1 + 2^-8 lies halfway between bfloat16's 1 and 1 + 2^-7: ties go to even (1).
   const torch::Tensor t = torch::tensor(std::vector<float>{1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f});
@@ -354,8 +494,12 @@ TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
   EXPECT_EQ(parse_weight_dtype("bfloat16"), WeightDtype::kBFloat16);
   EXPECT_EQ(parse_weight_dtype("bf16"), WeightDtype::kBFloat16);
   EXPECT_EQ(parse_weight_dtype("float32"), WeightDtype::kFloat32);
-  EXPECT_THROW(parse_weight_dtype("int8"), std::invalid_argument);
+  EXPECT_EQ(parse_weight_dtype("int8"), WeightDtype::kInt8);
+  EXPECT_THROW(parse_weight_dtype("int4"), std::invalid_argument);
   EXPECT_STREQ(to_string(WeightDtype::kBFloat16), "bfloat16");
+  EXPECT_STREQ(to_string(WeightDtype::kInt8), "int8");
+  EXPECT_EQ(parse_weight_dtype("int8_g32"), WeightDtype::kInt8G32);
+  EXPECT_STREQ(to_string(WeightDtype::kInt8G32), "int8_g32");
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, LinearVariant, ::testing::ValuesIn(all_isas()), test::isa_name);

@@ -212,6 +212,39 @@ TEST(StepExecutor, BfloatKvDrawsTheSameTokensAloneOrInABatchOnBothPaths) {
   }
 }
 
+// int8 weights: greedy tokens do not depend on the batch (neighbours,
+// chunking, rows, blocks) either, and equal generate()'s alone.
+TEST(StepExecutor, Int8GreedyTokensAreTheSameAloneAndInABatch) {
+  const auto& t = tiny();
+  const Gpt2 q8(t.cfg, Gpt2Weights::random(t.cfg, 1234), torch::kCPU, WeightDtype::kInt8);
+  const std::vector<std::string> prompts = {"The first sequence has a longer prompt than the others here",
+                                            "Second one", "A late arrival joins midway"};
+  std::vector<Script> batch;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    batch.push_back(
+        make(i + 1, prompts[i], 14 - 2 * static_cast<int32_t>(i), static_cast<int>(2 * i), greedy()));
+  {
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+    StepExecutor ex(q8, cache);
+    run(ex, batch, 3, 5);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Script& s = batch[i];
+    std::vector<Script> alone = {make(s.id, prompts[i], s.max_new, 0, greedy())};
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+    StepExecutor ex(q8, cache);
+    run(ex, alone, 64, 6);
+    EXPECT_EQ(s.generated(), alone[0].generated()) << "seq " << s.id;
+    GenerateOptions o;
+    o.max_tokens = s.max_new;
+    o.sampling = greedy();
+    o.ignore_eos = true;
+    const std::vector<int32_t> prompt(s.tokens.begin(),
+                                      s.tokens.begin() + static_cast<int64_t>(s.prompt_len));
+    EXPECT_EQ(s.generated(), generate(q8, t.tok, prompt, o, GenerateMode::kKv).ids) << "seq " << s.id;
+  }
+}
+
 TEST(StepExecutor, ResultFollowsPlanOrderWithLogprobsAndTiming) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
