@@ -141,7 +141,7 @@ TEST(Roofline, ChecksAgainstMeasuredSteps) {
   for (const auto& e : roofline_errors(s, steps)) {
     EXPECT_GT(e.points, 0u);
     graph |= e.step_class == "decode (CUDA graph)";
-    if (e.step_class != "all") EXPECT_LE(e.median_signed_pct, 5) << e.step_class << ": a roofline is a lower bound";
+    if (e.step_class != "all") { EXPECT_LE(e.median_signed_pct, 5) << e.step_class << ": a roofline is a lower bound"; }
   }
   EXPECT_TRUE(graph);
   const std::string bad = write(testing::TempDir() + "/bad.csv", "model,dtype,kind,batch,tokens,context,graph,median_ms\n"

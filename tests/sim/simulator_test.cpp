@@ -527,7 +527,7 @@ TEST(SimulatorFaults, AHungWorkerIsFoundOutByTheStepDeadline) {
   EXPECT_GT(f.requests_moved, 0);
   for (size_t i = 0; i < w.size(); ++i) {
     EXPECT_TRUE(r.requests[i].success) << i;
-    if (r.affected[i]) EXPECT_GE(r.requests[i].end_ns, f.removed_ns) << i;
+    if (r.affected[i]) { EXPECT_GE(r.requests[i].end_ns, f.removed_ns) << i; }
   }
   const auto j = fault_json(r);
   EXPECT_GT(j["affected"]["median_e2el_ms"].get<double>(), j["unaffected"]["median_e2el_ms"].get<double>());
@@ -546,7 +546,7 @@ TEST(SimulatorFaults, ADrainedWorkerFinishesItsRunningRequestsAndLeaves) {
   EXPECT_EQ(f.tokens_recomputed, 0) << "a request that moves at a drain had not started";
   for (size_t i = 0; i < w.size(); ++i) {
     EXPECT_TRUE(r.requests[i].success) << i;
-    if (r.requests[i].start_ns > 1'000 * kMs) EXPECT_NE(r.worker[i], 4u) << i;
+    if (r.requests[i].start_ns > 1'000 * kMs) { EXPECT_NE(r.worker[i], 4u) << i; }
   }
   EXPECT_LE(r.workers[3].busy_ns, f.removed_ns);
 }
