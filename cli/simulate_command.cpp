@@ -52,6 +52,7 @@ struct SimulateFlags {
   int32_t max_workers = 1024;
   std::vector<std::string> goodput;
   std::vector<std::string> fail_workers, hang_workers, drain_workers;  // ID@SECONDS each
+  int32_t heartbeat_ms = 1000, liveness = 3;                           // the head's: a kill is noticed after both
   double slo_attainment = 0.9, sample_interval_s = 1;
   CLI::App* app = nullptr;
   bool given(const char* flag) const { return app->count(flag) > 0; }
@@ -228,6 +229,7 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
                                    std::pair{sim::FaultKind::kHang, &f.hang_workers},
                                    std::pair{sim::FaultKind::kDrain, &f.drain_workers}})
     for (const std::string& text : *list) o.faults.push_back(sim::parse_fault(kind, text));
+  o.node_loss_ns = int64_t{f.heartbeat_ms} * f.liveness * 1'000'000;
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)
       throw std::invalid_argument("--step-log writes one run's steps: not with --sweep or --find-workers");
@@ -514,6 +516,11 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
                   "deadline lets it go");
   sub->add_option("--drain-worker", f->drain_workers,
                   "Drain worker ID at T seconds (ID@T, repeatable): no new requests; those it has not started move");
+  sub->add_option("--heartbeat-ms", f->heartbeat_ms,
+                  "The head's heartbeat interval (serve's): a killed worker is noticed after --liveness of them")
+      ->check(CLI::Range(1, 3'600'000));
+  sub->add_option("--liveness", f->liveness, "Missed heartbeats before the head loses a node (serve's)")
+      ->check(CLI::Range(3, 5));
   sub->add_option("--overlong", f->overlong, "Requests longer than the model's context: clip or fail");
   sub->add_option("--seed", f->seed, "Seed of the workload, prompts and schedulers");
   sub->add_option("--json", f->json, "Write the result (vLLM's benchmark keys + the cluster's side)");

@@ -46,12 +46,18 @@ struct Worker {
   double kv_use_sum = 0;
   bool hung = false;                // a fault stopped it: its steps never finish
   bool gone = false;                // the batcher let it go: its events are dropped
+  bool dead = false;                // killed, not yet noticed by the head
+  int64_t dead_at = 0;
   int64_t drain_fault = -1;         // draining: the fault's index (it leaves once drained)
   core::SchedulerStats last_stats;  // its scheduler's, when it went
 
   explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
       : id(worker_id), spec(&s), table(table_options(s)) {}
-  int64_t busy_until(int64_t now) const { return busy_ns + (busy ? now - started : 0); }
+  // Busy time up to `now` (a dead worker's ended at its death).
+  int64_t busy_until(int64_t now) const {
+    const int64_t end = dead ? std::min(now, dead_at) : now;
+    return busy_ns + (busy ? std::max<int64_t>(0, end - started) : 0);
+  }
 };
 
 // The head's model of a worker's step time, for step deadlines: the
@@ -135,6 +141,7 @@ class Simulation {
           throw std::invalid_argument("simulation: a fault names worker " + std::to_string(f.worker) + " of " +
                                       std::to_string(o.workers.size()));
         if (f.at_ns < 0) throw std::invalid_argument("simulation: a fault's time must be >= 0");
+        if (o.node_loss_ns < 0) throw std::invalid_argument("simulation: node_loss_ns must be >= 0");
         result_.faults.push_back({f, -1, 0, 0});
         push_work(f.at_ns, EventKind::kFault, i);
       }
@@ -375,18 +382,27 @@ class Simulation {
     w.to_worker.clear();
     w.queue.clear();
     w.to_head.clear();
-    if (w.busy) w.busy_ns += now_ - w.started;
+    w.busy_ns = w.busy_until(now_);
     w.busy = false;
   }
 
   void fault(size_t k) {
+    if (k >= result_.faults.size()) return node_lost(k - result_.faults.size());
     FaultReport& f = result_.faults[k];
     Worker& w = workers_[f.fault.worker - 1];
-    if (w.gone || (w.hung && f.fault.kind != FaultKind::kKill)) return;
+    if (w.gone || w.dead || (w.hung && f.fault.kind != FaultKind::kKill)) return;
     const core::BatcherCounters before = batcher_.counters();
     const std::vector<size_t> on = requests_on(w.id);
     switch (f.fault.kind) {
       case FaultKind::kKill:
+        if (o_.node_loss_ns > 0) {
+          // Dead now (no step ends, nothing is sent); the head notices later.
+          w.dead = true;
+          w.dead_at = now_;
+          w.hung = true;
+          push_work(now_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
+          return;
+        }
         w.last_stats = batcher_.scheduler(w.id)->stats();
         batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
         let_go(w);
@@ -418,6 +434,22 @@ class Simulation {
     batcher_.remove_worker(w.id, now_, core::WorkerExit::kDrained);
     let_go(w);
     result_.faults[static_cast<size_t>(w.drain_fault)].removed_ns = now_;
+  }
+
+  // The head notices a killed worker's silence (its heartbeats stopped).
+  void node_lost(size_t k) {
+    FaultReport& f = result_.faults[k];
+    Worker& w = workers_[f.fault.worker - 1];
+    if (w.gone) return;  // the step deadline found it first
+    const core::BatcherCounters before = batcher_.counters();
+    const std::vector<size_t> on = requests_on(w.id);
+    w.last_stats = batcher_.scheduler(w.id)->stats();
+    batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
+    let_go(w);
+    f.removed_ns = now_;
+    record(f, before, on);
+    touch_all();
+    head_changed();
   }
 
   // The step deadlines: a hung worker is let go when its oldest step is past
@@ -465,7 +497,7 @@ class Simulation {
     if (w.gone) return;
     w.queue.push_back(std::move(w.to_worker.front()));
     w.to_worker.pop_front();
-    if (!w.busy) start(w);
+    if (!w.busy && !w.dead) start(w);
   }
 
   void start(Worker& w) {

@@ -22,7 +22,8 @@
 // - Messages between the head and a remote worker take latency + bytes ÷
 //   bandwidth, in order per direction (network.hpp; sizes are estimates).
 // - Faults (SimOptions::faults) strike at fixed virtual times through the
-//   batcher's own code: a killed worker is removed (Batcher::remove_worker:
+//   batcher's own code: a killed worker stops at once and is removed when
+//   the head notices its silence, node_loss_ns later (Batcher::remove_worker:
 //   its requests move and are recomputed), a hung one stops answering until
 //   the batcher's step deadline finds it out (Batcher::take_hung, checked
 //   every watchdog_interval_ns as the batcher actor's timer does), a
@@ -67,8 +68,9 @@ struct SimWorkerSpec {
 
 // What a scripted fault does to its worker.
 enum class FaultKind {
-  kKill,   // its process is gone at that instant (SIGKILL): the head removes it at once
-  kHang,   // it stops answering (SIGSTOP, a stuck device): found out by the step deadline
+  kKill,   // its process is gone at that instant (SIGKILL): the head removes it when its heartbeats stop
+  kHang,   // its steps stop finishing (a stuck device or worker thread; the process still answers
+           // heartbeats): found out by the step deadline
   kDrain,  // it is drained (SIGTERM): the requests it has not started move, the rest finish there
 };
 const char* to_string(FaultKind kind);  // "kill", "hang", "drain"
@@ -117,6 +119,10 @@ struct SimOptions {
   // How often the head checks step deadlines while a hung worker is not yet
   // found out (the batcher actor's watchdog ticks at a fraction of the floor).
   int64_t watchdog_interval_ns = 250'000'000;
+  // How long after a kill the head notices the silence and removes the
+  // worker: its --liveness missed heartbeats of --heartbeat-ms (3 x 1 s by
+  // default). Until then plans still go to the dead worker. 0 = at once.
+  int64_t node_loss_ns = 3'000'000'000;
   // Called now and then (every 2^16 events) and at the end: requests finished, of total.
   std::function<void(int64_t finished, int64_t total)> progress;
 };

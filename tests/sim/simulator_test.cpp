@@ -472,6 +472,7 @@ TEST(SimulatorFaults, AKilledWorkersRequestsMoveAndFinishElsewhere) {
   SimOptions o = four_workers();
   const SimResult plain = simulate(w, o);
   o.faults = {{FaultKind::kKill, 2, 1'000 * kMs}};
+  o.node_loss_ns = 0;  // noticed at once (the default waits for missed heartbeats: below)
   const SimResult r = simulate(w, o);
   ASSERT_EQ(r.faults.size(), 1u);
   const FaultReport& f = r.faults[0];
@@ -496,6 +497,31 @@ TEST(SimulatorFaults, AKilledWorkersRequestsMoveAndFinishElsewhere) {
             std::string::npos)
       << text;
   EXPECT_EQ(format_fault_summary(plain), "");
+}
+
+// A killed worker is noticed when its heartbeats stop (node_loss_ns later):
+// it computes nothing after its death, plans still go to it until then, and
+// more requests move than when it is noticed at once.
+TEST(SimulatorFaults, AKilledWorkerIsNoticedWhenItsHeartbeatsStop) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  o.faults = {{FaultKind::kKill, 2, 1'000 * kMs}};
+  o.node_loss_ns = 0;
+  const SimResult at_once = simulate(w, o);
+  o.node_loss_ns = 1'500 * kMs;
+  const SimResult r = simulate(w, o);
+  EXPECT_EQ(r.faults[0].removed_ns, 2'500 * kMs);
+  EXPECT_GT(r.faults[0].requests_moved, at_once.faults[0].requests_moved);
+  EXPECT_LE(r.workers[1].busy_ns, 1'000 * kMs);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(r.requests[i].success) << i;
+  int64_t stalled = 0;  // requests on the dead worker: no token between its death and its notice
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!r.affected[i]) continue;
+    for (int64_t t : r.requests[i].token_ns.to_vector())
+      EXPECT_FALSE(t > 1'000 * kMs + 5 * kMs && t < 2'500 * kMs) << i;
+    ++stalled;
+  }
+  EXPECT_EQ(stalled, r.faults[0].requests_moved);
 }
 
 // A fault after the last request changes nothing about the requests.
