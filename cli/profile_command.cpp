@@ -157,7 +157,8 @@ void add_profile_command(CLI::App& app, Registry& registry) {
       app.add_subcommand("profile", "Measure a worker's step time and fit the simulator's cost model");
   auto f = std::make_shared<ProfileFlags>();
   sub->add_option("--model", f->model, "Model folder");
-  sub->add_option("--preset", f->preset, "Instead of --model: random weights of a shape (tiny, gpt2)");
+  sub->add_option("--preset", f->preset,
+                  "Instead of --model: random weights of a shape (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)");
   sub->add_option("--out", f->out, "Cost profile to write (JSON; required unless --against)");
   sub->add_option("--device", f->device, "Torch device: cpu, cuda, cuda:N");
   add_dtype_flags(sub, f->dtype);
