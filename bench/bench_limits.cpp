@@ -88,13 +88,7 @@ struct Variant {
 
 std::vector<WeightDtype> parse_dtypes(const std::string& list) {
   std::vector<WeightDtype> out;
-  size_t at = 0;
-  while (at <= list.size()) {
-    const size_t comma = list.find(',', at);
-    out.push_back(parse_weight_dtype(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
+  for (const std::string& name : bench::split_commas(list)) out.push_back(parse_weight_dtype(name));
   return out;
 }
 

@@ -10,14 +10,22 @@ Stats stats(std::vector<double> v) {
   return {v.front(), v[v.size() / 2]};
 }
 
-std::vector<model::CpuIsa> parse_variants(const std::string& list) {
-  std::vector<model::CpuIsa> out;
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
   for (size_t p = 0; p <= list.size();) {
     const size_t q = std::min(list.find(',', p), list.size());
-    const model::CpuIsa isa = model::parse_isa(list.substr(p, q - p));
+    out.push_back(list.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
+std::vector<model::CpuIsa> parse_variants(const std::string& list) {
+  std::vector<model::CpuIsa> out;
+  for (const std::string& name : split_commas(list)) {
+    const model::CpuIsa isa = model::parse_isa(name);
     if (!model::cpu_supports(isa)) throw std::invalid_argument(model::why_unsupported(isa));
     out.push_back(isa);
-    p = q + 1;
   }
   return out;
 }

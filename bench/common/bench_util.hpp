@@ -25,6 +25,8 @@ Stats stats(std::vector<double> v);
 // "avx512,avx2" -> the variants, in that order. Throws std::invalid_argument
 // for an unknown name or one this CPU cannot run (the message says why).
 std::vector<model::CpuIsa> parse_variants(const std::string& list);
+// "a,b,c" -> {"a", "b", "c"} (an empty item stays: the parser it goes to names it).
+std::vector<std::string> split_commas(const std::string& list);
 
 // The packed-kernel variants this CPU runs, best first (avx512, avx2).
 std::vector<model::CpuIsa> vector_variants();

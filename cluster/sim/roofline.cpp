@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "cluster/sim/random.hpp"
+#include "core/serving_metrics.hpp"
 
 namespace troupe::cluster::sim {
 namespace {
@@ -135,15 +136,6 @@ double roofline_ns(const RooflineSpec& s, const ModelShape& m, const std::string
 
 namespace {
 
-double pct_at(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
-
 ModelShape gpt2_of(const std::string& size) {
   ModelShape m;  // 124M
   if (size == "355M") {
@@ -172,7 +164,8 @@ std::vector<RooflineError> roofline_errors(const RooflineSpec& spec, const std::
   }
   std::vector<RooflineError> out;
   for (auto& [c, v] : by)
-    out.push_back({c, v.first.size(), pct_at(v.first, 50), pct_at(v.first, 90), pct_at(v.second, 50)});
+    out.push_back({c, v.first.size(), core::percentile(v.first, 50), core::percentile(v.first, 90),
+                   core::percentile(v.second, 50)});
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "cluster/sim/event_queue.hpp"
+#include "cluster/sim/parse_number.hpp"
 #include "cluster/sim/table_checker.hpp"
 #include "core/sequence_table.hpp"
 #include "core/step_cost.hpp"
@@ -132,11 +133,11 @@ class Simulation {
     state_.assign(n, 0);
     if (!o.faults.empty()) {
       if (o.watchdog_interval_ns < 1) throw std::invalid_argument("simulation: watchdog_interval_ns must be >= 1");
-      faults_ = o.faults;
-      std::stable_sort(faults_.begin(), faults_.end(),
+      std::vector<SimFault> faults = o.faults;  // in time order: result_.faults' order
+      std::stable_sort(faults.begin(), faults.end(),
                        [](const SimFault& a, const SimFault& b) { return a.at_ns < b.at_ns; });
-      for (size_t i = 0; i < faults_.size(); ++i) {
-        const SimFault& f = faults_[i];
+      for (size_t i = 0; i < faults.size(); ++i) {
+        const SimFault& f = faults[i];
         if (f.worker < 1 || f.worker > o.workers.size())
           throw std::invalid_argument("simulation: a fault names worker " + std::to_string(f.worker) + " of " +
                                       std::to_string(o.workers.size()));
@@ -391,35 +392,33 @@ class Simulation {
     FaultReport& f = result_.faults[k];
     Worker& w = workers_[f.fault.worker - 1];
     if (w.gone || w.dead || (w.hung && f.fault.kind != FaultKind::kKill)) return;
-    const core::BatcherCounters before = batcher_.counters();
-    const std::vector<size_t> on = requests_on(w.id);
-    switch (f.fault.kind) {
-      case FaultKind::kKill:
-        if (o_.node_loss_ns > 0) {
-          // Dead now (no step ends, nothing is sent); the head notices later.
-          w.dead = true;
-          w.dead_at = now_;
-          w.hung = true;
-          push_work(now_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
-          return;
-        }
-        w.last_stats = batcher_.scheduler(w.id)->stats();
-        batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
-        let_go(w);
-        f.removed_ns = now_;
-        break;
-      case FaultKind::kHang:
-        w.hung = true;
+    if (f.fault.kind == FaultKind::kHang || (f.fault.kind == FaultKind::kKill && o_.node_loss_ns > 0)) {
+      // It stops now (no step ends, a dead one sends nothing); the head
+      // finds out later: the step deadline (watchdog()), the silence (node_lost()).
+      w.hung = true;
+      if (f.fault.kind == FaultKind::kKill) {
+        w.dead = true;
+        w.dead_at = now_;
+        push_work(now_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
+      } else {
         hang_faults_.push_back(k);
         if (!watchdog_on_) {
           watchdog_on_ = true;
           push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
         }
-        return;  // found out later
-      case FaultKind::kDrain:
-        batcher_.drain_worker(w.id);
-        w.drain_fault = static_cast<int64_t>(k);
-        break;
+      }
+      return;
+    }
+    const core::BatcherCounters before = batcher_.counters();
+    const std::vector<size_t> on = requests_on(w.id);
+    if (f.fault.kind == FaultKind::kKill) {  // noticed at once (node_loss_ns 0)
+      w.last_stats = batcher_.scheduler(w.id)->stats();
+      batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
+      let_go(w);
+      f.removed_ns = now_;
+    } else {
+      batcher_.drain_worker(w.id);
+      w.drain_fault = static_cast<int64_t>(k);
     }
     record(f, before, on);
     leave_if_drained(w);
@@ -616,7 +615,6 @@ class Simulation {
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
   std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done
-  std::vector<SimFault> faults_;     // o_.faults in time order (result_.faults' order)
   std::vector<size_t> hang_faults_;  // indices of the hang faults that struck
   bool watchdog_on_ = false;
 };
@@ -645,9 +643,9 @@ SimFault parse_fault(FaultKind kind, const std::string& text) {
   char* end = nullptr;
   const unsigned long long w = std::strtoull(id.c_str(), &end, 10);
   if (*end != '\0' || id.find_first_not_of("0123456789") != std::string::npos || w < 1) throw bad();
-  const double s = std::strtod(t.c_str(), &end);
-  if (*end != '\0' || !std::isfinite(s) || s < 0 || s > 1e9) throw bad();
-  return {kind, w, static_cast<int64_t>(std::llround(s * 1e9))};
+  const std::optional<double> s = parse_number(t);
+  if (!s || *s < 0 || *s > 1e9) throw bad();
+  return {kind, w, static_cast<int64_t>(std::llround(*s * 1e9))};
 }
 
 SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options) {

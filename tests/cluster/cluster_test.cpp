@@ -444,20 +444,30 @@ TEST(Cluster, AWorkerOnAnotherHostJoinsByIpWithCurve) {
   EXPECT_EQ(st->workers[0].node, "far-away");
 }
 
+// A made-up cost profile for emulated workers (`troupe worker --emulate`),
+// written into `dir`: step times pinned at `knots` tokens; its path.
+std::string made_up_profile(const TempDir& dir, std::vector<double> knots, std::vector<double> knot_ns,
+                            int32_t n_positions = 0) {
+  cluster::sim::CostProfile profile;
+  profile.device = "cpu";
+  profile.processor = "a test's made-up profile";
+  profile.kv_bytes_per_token = 4608;
+  if (n_positions > 0) profile.model.n_positions = n_positions;
+  profile.cost.knots = std::move(knots);
+  profile.cost.knot_ns = std::move(knot_ns);
+  const std::string cost = dir.file("cost.json");
+  cluster::sim::write_cost_profile(cost, profile);
+  return cost;
+}
+
 // `troupe worker --emulate`: no model, the real protocol. Three emulated
 // workers in one node join a real head and serve jobs through the real
 // router and batcher: every job gets exactly its forced length, of the
 // emulated tokens, and each worker spends at least the predicted time per step.
 TEST(Cluster, EmulatedWorkersJoinARealHeadAndServeJobs) {
   TempDir dir;
-  cluster::sim::CostProfile profile;
-  profile.device = "cpu";
-  profile.processor = "a test's made-up profile";
-  profile.kv_bytes_per_token = 4608;
-  profile.cost.knots = {1, 64};
-  profile.cost.knot_ns = {3e6, 5e6};  // 3 ms for a one-token step, 5 ms for 64 tokens
-  const std::string cost = dir.file("cost.json");
-  cluster::sim::write_cost_profile(cost, profile);
+  // 3 ms for a one-token step, 5 ms for 64 tokens
+  const std::string cost = made_up_profile(dir, {1, 64}, {3e6, 5e6});
 
   Head head(dir, "head", {"--workers", "0"});
   auto node = start_worker(dir, head, "emu", {"--workers", "3", "--emulate", cost});
@@ -505,15 +515,9 @@ TEST(Cluster, EmulatedWorkersJoinARealHeadAndServeJobs) {
 // comparison with a real model is bench/bench_fidelity.py's.
 TEST(Cluster, SimulateMatchesServeAndBenchWithAnEmulatedWorker) {
   TempDir dir;
-  cluster::sim::CostProfile profile;
-  profile.device = "cpu";
-  profile.processor = "a test's made-up profile";
-  profile.kv_bytes_per_token = 4608;
-  profile.model.n_positions = 128;
-  profile.cost.knots = {1, 64, 256};
-  profile.cost.knot_ns = {20e6, 24e6, 40e6};  // steps of 20-40 ms: the head's ms are small beside them
-  const std::string cost = dir.file("cost.json");
-  cluster::sim::write_cost_profile(cost, profile);
+  // steps of 20-40 ms: the head's ms are small beside them
+  const std::string cost = made_up_profile(dir, {1, 64, 256}, {20e6, 24e6, 40e6}, 128);
+  const cluster::sim::CostProfile profile = cluster::sim::read_cost_profile(cost);
 
   const std::vector<std::string> workload = {
       "--num-requests", "24",  "--request-rate", "6", "--random-input-len", "24", "--random-output-len", "16",
@@ -630,14 +634,7 @@ TEST(Cluster, ARemoteWorkerScoresPromptsAsTheLocalEngineDoes) {
   EXPECT_EQ(node->wait(seconds(60)), std::optional<int>(0)) << node->log();
 
   // An emulated node: the same jobs finish, with made-up prompt logprobs.
-  cluster::sim::CostProfile profile;
-  profile.device = "cpu";
-  profile.processor = "a test's made-up profile";
-  profile.kv_bytes_per_token = 4608;
-  profile.cost.knots = {1, 64};
-  profile.cost.knot_ns = {1e6, 2e6};
-  const std::string cost = dir.file("cost.json");
-  cluster::sim::write_cost_profile(cost, profile);
+  const std::string cost = made_up_profile(dir, {1, 64}, {1e6, 2e6});
   auto emu = start_worker(dir, head, "emu", {"--emulate", cost});
   ASSERT_TRUE(head.wait_workers(1)) << head.proc->log() << emu->log();
   auto again = start_submit(dir, head, jobs, dir.file("emu.jsonl"));
@@ -697,14 +694,8 @@ TEST(Cluster, ANodeOfAnotherDtypeIsRefusedUnlessTheHeadAllowsIt) {
 // docs/benchmarks.md, bench/bench_fault_fidelity.py.)
 TEST(Cluster, AKilledNodeCostsWhatTheSimulationSays) {
   TempDir dir;
-  cluster::sim::CostProfile profile;
-  profile.device = "cpu";
-  profile.processor = "a test's made-up profile";
-  profile.kv_bytes_per_token = 1024;
-  profile.cost.knots = {1, 64};
-  profile.cost.knot_ns = {10e6, 14e6};  // 10 ms for a one-token step, 14 ms for 64 tokens
-  const std::string cost = dir.file("cost.json");
-  cluster::sim::write_cost_profile(cost, profile);
+  // 10 ms for a one-token step, 14 ms for 64 tokens
+  const std::string cost = made_up_profile(dir, {1, 64}, {10e6, 14e6});
 
   Head head(dir, "head", {"--workers", "0", "--placement", "round-robin"});
   std::vector<std::unique_ptr<Process>> nodes;

@@ -218,21 +218,28 @@ TEST_P(Gpt2Test, FullAndContiguousRejectBadInput) {
   EXPECT_EQ(kv.length, 4);
 }
 
+// `w` with wte and the four matrices of every block replaced by f(matrix,
+// its layout): the values a model storing them in another dtype holds.
+template <typename F>
+Gpt2Weights with_matrices(Gpt2Weights w, F f) {
+  w.wte = f(w.wte, WeightLayout::kOutIn);
+  for (LayerWeights& l : w.layers) {
+    l.attn_c_attn_weight = f(l.attn_c_attn_weight, WeightLayout::kInOut);
+    l.attn_c_proj_weight = f(l.attn_c_proj_weight, WeightLayout::kInOut);
+    l.mlp_c_fc_weight = f(l.mlp_c_fc_weight, WeightLayout::kInOut);
+    l.mlp_c_proj_weight = f(l.mlp_c_proj_weight, WeightLayout::kInOut);
+  }
+  return w;
+}
+
 // bfloat16 weights: the model computes exactly what an fp32 model of the
 // rounded matrices computes (wte, wpe and every projection rounded; the
 // norms' and biases' vectors kept), in every way it runs.
 TEST(Gpt2Bfloat16, EqualsTheFp32ModelOfTheRoundedWeights) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");
   const Gpt2Weights w = Gpt2Weights::random(cfg, 21);
-  Gpt2Weights rounded = w;
-  rounded.wte = round_to_bfloat16(w.wte);
+  Gpt2Weights rounded = with_matrices(w, [](const torch::Tensor& t, WeightLayout) { return round_to_bfloat16(t); });
   rounded.wpe = round_to_bfloat16(w.wpe);
-  for (LayerWeights& l : rounded.layers) {
-    l.attn_c_attn_weight = round_to_bfloat16(l.attn_c_attn_weight);
-    l.attn_c_proj_weight = round_to_bfloat16(l.attn_c_proj_weight);
-    l.mlp_c_fc_weight = round_to_bfloat16(l.mlp_c_fc_weight);
-    l.mlp_c_proj_weight = round_to_bfloat16(l.mlp_c_proj_weight);
-  }
   const Gpt2 bf16(cfg, w, torch::kCPU, WeightDtype::kBFloat16);
   const Gpt2 ref(cfg, rounded, torch::kCPU);
   const Gpt2 fp32(cfg, w, torch::kCPU);
@@ -255,14 +262,7 @@ TEST(Gpt2Bfloat16, EqualsTheFp32ModelOfTheRoundedWeights) {
 TEST(Gpt2Int8Groups, EqualsTheFp32ModelOfTheDequantizedWeights) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");
   const Gpt2Weights w = Gpt2Weights::random(cfg, 22);
-  Gpt2Weights deq = w;
-  deq.wte = quantize_int8_groups_of_32(w.wte, WeightLayout::kOutIn);
-  for (LayerWeights& l : deq.layers) {
-    l.attn_c_attn_weight = quantize_int8_groups_of_32(l.attn_c_attn_weight, WeightLayout::kInOut);
-    l.attn_c_proj_weight = quantize_int8_groups_of_32(l.attn_c_proj_weight, WeightLayout::kInOut);
-    l.mlp_c_fc_weight = quantize_int8_groups_of_32(l.mlp_c_fc_weight, WeightLayout::kInOut);
-    l.mlp_c_proj_weight = quantize_int8_groups_of_32(l.mlp_c_proj_weight, WeightLayout::kInOut);
-  }
+  const Gpt2Weights deq = with_matrices(w, quantize_int8_groups_of_32);
   const Gpt2 g32(cfg, w, torch::kCPU, WeightDtype::kInt8G32);
   const Gpt2 ref(cfg, deq, torch::kCPU);
   EXPECT_EQ(g32.dtype(), WeightDtype::kInt8G32);
@@ -496,14 +496,7 @@ TEST_P(Gpt2Test, StepWithNoSampleRowsStillFillsTheCache) {
 // model is to its own, clearly another model than the unquantized one, and
 // its batched steps equal to forward_full row by row, whatever the batch.
 TEST_P(Gpt2Test, Int8IsTheModelOfItsDequantizedWeights) {
-  Gpt2Weights deq = weights;
-  deq.wte = quantize_int8_per_channel(weights.wte, WeightLayout::kOutIn);
-  for (LayerWeights& l : deq.layers) {
-    l.attn_c_attn_weight = quantize_int8_per_channel(l.attn_c_attn_weight, WeightLayout::kInOut);
-    l.attn_c_proj_weight = quantize_int8_per_channel(l.attn_c_proj_weight, WeightLayout::kInOut);
-    l.mlp_c_fc_weight = quantize_int8_per_channel(l.mlp_c_fc_weight, WeightLayout::kInOut);
-    l.mlp_c_proj_weight = quantize_int8_per_channel(l.mlp_c_proj_weight, WeightLayout::kInOut);
-  }
+  const Gpt2Weights deq = with_matrices(weights, quantize_int8_per_channel);
   const Gpt2 q8(cfg, weights, torch::kCPU, WeightDtype::kInt8);
   EXPECT_EQ(q8.dtype(), WeightDtype::kInt8);
   const auto ids = random_ids(23, 1, cfg.vocab_size);
