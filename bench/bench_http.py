@@ -15,8 +15,13 @@ Phases (pick with --phases; each alternates its variants within every repetition
          --max-concurrency C). Targets: output tok/s >= 2x llama-server's at 16 and >= 3x at 64; median TPOT
          <= 0.6x; median TTFT <= 1x. llama-server is built by hand in a scratch folder, never a dependency.
 
+         Each server's peak RSS (VmHWM) is recorded beside its figures. --troupe-args adds flags to troupe's
+         serve (a dtype beside a quantized --gguf: '--quantization int8_g32 --kv-cache-dtype bfloat16' vs
+         a Q8_0 GGUF from llama-quantize).
+
 usage: bench/bench_http.py [--phases front,sweep,peer] [--reps 2] [--out DIR]
-                           [--llama-server PATH --gguf PATH]   (peer; default $PEERS_DIR or /tmp/troupe-peers)
+                           [--llama-server PATH --gguf PATH] [--troupe-args '...']
+                           (peer; default $PEERS_DIR or /tmp/troupe-peers)
 Run from the project root after scripts/setup.sh. 2 threads for every server. Name the CPU beside the numbers.
 """
 import argparse
@@ -52,6 +57,9 @@ ap.add_argument("--peer-requests", type=int, default=64)
 ap.add_argument("--output-len", type=int, default=128)
 ap.add_argument("--llama-server", default=str(peers / "llama.cpp/build/bin/llama-server"))
 ap.add_argument("--gguf", default=str(peers / "gpt2-f32.gguf"))
+ap.add_argument("--troupe-args", default="",
+                help="more flags for troupe serve, e.g. '--quantization int8_g32 --kv-cache-dtype bfloat16' "
+                     "beside a Q8_0 --gguf")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 
@@ -97,7 +105,7 @@ class Troupe:
                                    "--worker-listen", "tcp://127.0.0.1:*", "--http", "127.0.0.1:0",
                                    "--workers", "1", "--threads-per-worker", str(a.threads),
                                    "--kv-memory", "1GiB", "--max-num-seqs", "64", "--max-queue", "1024",
-                                   "--ready-file", str(self.ready), "--quiet"],
+                                   "--ready-file", str(self.ready), "--quiet", *a.troupe_args.split()],
                                   env=ENV, stdout=open(self.logf, "w"), stderr=subprocess.STDOUT)
         wait_for(self.ready.exists, "troupe serve", self.p, self.logf)
         text = self.ready.read_text()
@@ -108,6 +116,17 @@ class Troupe:
     def stop(self):
         self.p.terminate()
         self.p.wait(timeout=300)
+
+
+def peak_rss_mb(pid):
+    """VmHWM of a live process, MB (1e6 bytes); None when unreadable."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    return None
 
 
 class LlamaServer:
@@ -240,10 +259,12 @@ if "peer" in phases:
                 s = Troupe(f"peer-{c}-{rep}") if v == "troupe" else LlamaServer(c, f"{c}-{rep}")
                 try:
                     j = bench(["--base-url", s.url], f"peer-{v}-{c}-{rep}", load)
+                    rss = peak_rss_mb(s.p.pid)
                 finally:
                     s.stop()
                 runs[v].append({k: j[k] for k in ("output_throughput", "median_ttft_ms", "median_tpot_ms",
                                                   "completed", "total_output_tokens")})
+                runs[v][-1]["peak_rss_mb"] = rss if rss is not None else float("nan")
                 log(f"peer c={c} rep {rep} {v}: {summary(j)}")
         med = {v: {k: statistics.median(r[k] for r in runs[v]) for k in runs[v][0]} for v in runs}
         results["peer"][c] = runs
@@ -255,6 +276,7 @@ if "peer" in phases:
               f"llama-server {med['llama']['output_throughput']:.1f} tok/s "
               f"(TTFT {med['llama']['median_ttft_ms']:.0f} ms, TPOT {med['llama']['median_tpot_ms']:.1f} ms); "
               f"throughput {tp:.2f}x (target >= {2 if c <= 16 else 3}x), TPOT {tpot:.2f}x (<= 0.6), "
-              f"TTFT {ttft:.2f}x (<= 1)")
+              f"TTFT {ttft:.2f}x (<= 1); peak RSS troupe {med['troupe']['peak_rss_mb']:.0f} MB, "
+              f"llama-server {med['llama']['peak_rss_mb']:.0f} MB")
 
 json.dump(results, open(work / "bench_http.json", "w"), indent=1)

@@ -4,7 +4,7 @@
 #
 #   cmake -DOBJECTS="a.o|b.o" -DOBJDUMP=objdump -DNM=nm -DNATIVE=OFF -P check_kernel_isa.cmake
 #
-# *_avx512.cpp.o  anything goes.
+# *_avx512bf16.cpp.o, *_avx512.cpp.o  anything goes.
 # *_avx2.cpp.o    no AVX-512: no zmm, no mask registers, no xmm/ymm16-31 (EVEX).
 # every other     no VEX or EVEX at all (x86-64-v2), unless TROUPE_NATIVE=ON.
 # Variant objects must not define a weak (inline or template) symbol outside
@@ -16,7 +16,9 @@ set(checked 0)
 foreach(obj IN LISTS objects)
   get_filename_component(name "${obj}" NAME)
   set(kind baseline)
-  if(name MATCHES "_avx512\\.cpp\\.o$")
+  if(name MATCHES "_avx512bf16\\.cpp\\.o$")
+    set(kind avx512bf16)
+  elseif(name MATCHES "_avx512\\.cpp\\.o$")
     set(kind avx512)
   elseif(name MATCHES "_avx2\\.cpp\\.o$")
     set(kind avx2)
@@ -26,7 +28,7 @@ foreach(obj IN LISTS objects)
   if(kind STREQUAL "baseline" AND NATIVE)
     continue()
   endif()
-  if(NOT kind STREQUAL "avx512")
+  if(NOT kind MATCHES "^avx512")
     execute_process(COMMAND "${OBJDUMP}" -d --no-show-raw-insn "${obj}" OUTPUT_VARIABLE asm RESULT_VARIABLE rc)
     if(NOT rc EQUAL 0)
       message(FATAL_ERROR "${OBJDUMP} failed on ${obj}")

@@ -19,6 +19,9 @@ bool detect(CpuIsa isa) {
       return __builtin_cpu_supports("x86-64-v3");
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("x86-64-v4");
+    case CpuIsa::kAvx512Bf16:
+      return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -31,6 +34,8 @@ const char* level_features(CpuIsa isa) {
       return "x86-64-v3: AVX2, FMA, BMI1/2, F16C, MOVBE";
     case CpuIsa::kAvx512:
       return "x86-64-v4: AVX-512 F/BW/CD/DQ/VL";
+    case CpuIsa::kAvx512Bf16:
+      return "x86-64-v4 + AVX512_BF16 + AVX512_VNNI";
   }
   return "?";
 }
@@ -44,6 +49,8 @@ const char* kernels_of(CpuIsa isa) {
       return "linear packed 6x16 ymm, attention and sampler for AVX2";
     case CpuIsa::kAvx512:
       return "linear packed 6x64 zmm, attention and sampler for AVX-512";
+    case CpuIsa::kAvx512Bf16:
+      return "linear packed 6x64 zmm, vdpbf16ps for bfloat16 and vpdpwssd for int8 weights, attention and sampler for AVX-512";
   }
   return "?";
 }
@@ -70,7 +77,8 @@ CpuIsa choose_kernel_isa(const char* env) {
 }
 
 const std::vector<CpuIsa>& all_isas() {
-  static const std::vector<CpuIsa> all = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
+  static const std::vector<CpuIsa> all = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                                           CpuIsa::kAvx512Bf16};
   return all;
 }
 
@@ -82,6 +90,8 @@ const char* to_string(CpuIsa isa) {
       return "avx2";
     case CpuIsa::kAvx512:
       return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "?";
 }
@@ -89,12 +99,15 @@ const char* to_string(CpuIsa isa) {
 CpuIsa parse_isa(const std::string& name) {
   for (CpuIsa isa : all_isas())
     if (name == to_string(isa)) return isa;
-  throw std::invalid_argument("unknown kernel variant '" + name + "'; choose portable, avx2 or avx512");
+  std::string choices;
+  for (size_t i = 0; i < all_isas().size(); ++i)
+    choices += std::string(i == 0 ? "" : i + 1 == all_isas().size() ? " or " : ", ") + to_string(all_isas()[i]);
+  throw std::invalid_argument("unknown kernel variant '" + name + "'; choose " + choices);
 }
 
 bool cpu_supports(CpuIsa isa) {
-  static const bool supported[3] = {detect(CpuIsa::kPortable), detect(CpuIsa::kAvx2),
-                                    detect(CpuIsa::kAvx512)};
+  static const bool supported[4] = {detect(CpuIsa::kPortable), detect(CpuIsa::kAvx2), detect(CpuIsa::kAvx512),
+                                    detect(CpuIsa::kAvx512Bf16)};
   return supported[static_cast<int>(isa)];
 }
 
@@ -105,6 +118,7 @@ std::string why_unsupported(CpuIsa isa) {
 }
 
 CpuIsa best_isa() {
+  if (cpu_supports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
   if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kPortable;

@@ -11,7 +11,7 @@
 // AVX2 or AVX-512 only where the CPU has them.
 //
 // The choice: the best variant the CPU and OS support, unless the environment
-// variable TROUPE_CPU (portable | avx2 | avx512) asks for a lower one (to run
+// variable TROUPE_CPU (portable | avx2 | avx512 | avx512bf16) asks for a lower one (to run
 // and measure the AVX2 code on an AVX-512 host). Asking for a variant the CPU
 // cannot run is an error (std::runtime_error from kernel_isa()), never a
 // silent downgrade. Tests and benchmarks switch variants with
@@ -29,12 +29,19 @@ enum class CpuIsa : int {
       0,      // x86-64-v2 (SSE4.2): any x86-64 CPU of the last ~15 years; BLAS where a kernel has no variant
   kAvx2 = 1,  // x86-64-v3: AVX2 + FMA (+ BMI1/2, F16C, MOVBE), 16 ymm registers
   kAvx512 = 2,  // x86-64-v4: AVX-512 F/BW/CD/DQ/VL, 32 zmm registers
+  // x86-64-v4 + AVX512_BF16 + AVX512_VNNI (Zen 4/5, Cooper Lake, Sapphire
+  // Rapids and later): kAvx512's kernels, except that bfloat16 weights run
+  // on vdpbf16ps (x rounded to bfloat16, two multiply-adds a lane per
+  // instruction) and int8 weights on vpdpwssd (x quantized to int16 per row,
+  // exact int32 sums); linear_avx512bf16.cpp. TROUPE_CPU=avx512 on such a
+  // CPU keeps both widened to fp32 instead.
+  kAvx512Bf16 = 3,
 };
 
 // Every variant, lowest first.
 const std::vector<CpuIsa>& all_isas();
 
-const char* to_string(CpuIsa isa);  // "portable" | "avx2" | "avx512"
+const char* to_string(CpuIsa isa);  // "portable" | "avx2" | "avx512" | "avx512bf16"
 // Inverse of to_string; anything else throws std::invalid_argument naming the choices.
 CpuIsa parse_isa(const std::string& name);
 

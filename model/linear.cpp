@@ -47,9 +47,6 @@ torch::Tensor packed_buffer(int64_t P, int64_t K, int64_t nr, torch::ScalarType 
       mem, {P, K, nr}, [](void* m) { std::free(m); }, torch::TensorOptions().dtype(dtype));
 }
 
-// bfloat16's bits of v, rounded to nearest, ties to even (c10::BFloat16's rounding).
-uint16_t to_bf16_bits(float v) { return c10::BFloat16(v).x; }
-
 // Symmetric int8 weights: q and their fp32 scales.
 struct Int8Weight {
   torch::Tensor q;      // int8: per channel, t's shape; per group, [K, N]
@@ -102,6 +99,42 @@ void pack_panel(const T* s, bool in_out, int64_t K, int64_t N, int64_t nr, int64
   }
 }
 
+// A panel [Kp, nr] (Kp even, rows past K zero) as pairs of rows in place of
+// it: [Kp / 2][nr][2] (linear_kernel.hpp's PackedGemmKernel::pairs).
+template <typename T>
+void interleave_pairs(const T* panel, int64_t Kp, int64_t nr, T* d) {
+  for (int64_t k = 0; k < Kp; ++k)
+    for (int64_t j = 0; j < nr; ++j) d[(k / 2 * nr + j) * 2 + k % 2] = panel[k * nr + j];
+}
+
+// W (K x N in its layout: [K, N] when in_out, else [N, K]) packed in P
+// panels of nr columns, as [P, K, nr] of `dtype` (T's), or as pairs of rows
+// ([P, Kp / 2, nr, 2] with Kp = K rounded up to even, a zero row past K).
+template <typename T>
+torch::Tensor pack_panels(const T* s, bool in_out, int64_t P, int64_t K, int64_t N, int64_t nr, bool pairs,
+                          torch::ScalarType dtype) {
+  const int64_t Kp = pairs ? (K + 1) / 2 * 2 : K;
+  torch::Tensor packed = packed_buffer(P, Kp, nr, dtype);
+  T* dst = static_cast<T*>(packed.data_ptr());
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<T> panel(pairs ? static_cast<size_t>(Kp * nr) : 0, T{0});
+    for (int64_t p = p0; p < p1; ++p) {
+      if (!pairs) {
+        pack_panel(s, in_out, K, N, nr, p, dst + p * K * nr);
+        continue;
+      }
+      pack_panel(s, in_out, K, N, nr, p, panel.data());
+      interleave_pairs(panel.data(), Kp, nr, dst + p * Kp * nr);
+    }
+  });
+  return packed;
+}
+
+// Element (k, j) of a panel of Kp rows, plain or as pairs.
+inline int64_t panel_index(bool pairs, int64_t k, int64_t j, int64_t nr) {
+  return pairs ? (k / 2 * nr + j) * 2 + k % 2 : k * nr + j;
+}
+
 }  // namespace
 
 WeightDtype parse_weight_dtype(const std::string& name) {
@@ -148,6 +181,8 @@ static_assert(kInt8Group == kPackedGroupRows, "the kernels' groups are the quant
 
 const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return &avx512bf16::kPackedGemm;
     case CpuIsa::kAvx512:
       return &avx512::kPackedGemm;
     case CpuIsa::kAvx2:
@@ -196,50 +231,28 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
   const bool in_out = layout == WeightLayout::kInOut;
   switch (dtype) {
     case WeightDtype::kFloat32: {
-      weight_ = packed_buffer(P, K, nr, torch::kFloat32);
       const torch::Tensor src = weight.contiguous();
-      const float* s = src.data_ptr<float>();
-      float* dst = weight_.data_ptr<float>();
-      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) pack_panel(s, in_out, K, N, nr, p, dst + p * K * nr);
-      });
+      weight_ = pack_panels(src.data_ptr<float>(), in_out, P, K, N, nr, false, torch::kFloat32);
       break;
     }
     case WeightDtype::kBFloat16: {
-      weight_ = packed_buffer(P, K, nr, torch::kBFloat16);
-      const torch::Tensor src = weight.contiguous();
-      const float* s = src.data_ptr<float>();
-      uint16_t* dst = reinterpret_cast<uint16_t*>(weight_.data_ptr<at::BFloat16>());
-      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-        std::vector<float> panel(static_cast<size_t>(K * nr));
-        for (int64_t p = p0; p < p1; ++p) {
-          pack_panel(s, in_out, K, N, nr, p, panel.data());
-          std::transform(panel.begin(), panel.end(), dst + p * K * nr, to_bf16_bits);
-        }
-      });
+      // The bits of the bfloat16 rounding (to nearest, ties to even).
+      const torch::Tensor bits = weight.to(torch::kBFloat16).contiguous();
+      weight_ = pack_panels(reinterpret_cast<const uint16_t*>(bits.data_ptr<at::BFloat16>()), in_out, P, K, N, nr,
+                            kernel_->pairs, torch::kBFloat16);
       break;
     }
     case WeightDtype::kInt8: {
       const Int8Weight w = quantize_int8(weight.contiguous(), layout);
-      weight_ = packed_buffer(P, K, nr, torch::kChar);
       const torch::Tensor q = w.q.contiguous();
-      const int8_t* s = q.data_ptr<int8_t>();
-      int8_t* dst = weight_.data_ptr<int8_t>();
-      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) pack_panel(s, in_out, K, N, nr, p, dst + p * K * nr);
-      });
+      weight_ = pack_panels(q.data_ptr<int8_t>(), in_out, P, K, N, nr, kernel_->pairs, torch::kChar);
       scales_ = at::zeros({P * nr}, torch::kFloat32);
       scales_.narrow(0, 0, N).copy_(w.scale);
       break;
     }
     case WeightDtype::kInt8G32: {
       const Int8Weight w = quantize_int8_g32(weight, layout);  // q [K, N], scale [G, N]
-      weight_ = packed_buffer(P, K, nr, torch::kChar);
-      const int8_t* s = w.q.data_ptr<int8_t>();
-      int8_t* dst = weight_.data_ptr<int8_t>();
-      at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) pack_panel(s, /*in_out=*/true, K, N, nr, p, dst + p * K * nr);
-      });
+      weight_ = pack_panels(w.q.data_ptr<int8_t>(), /*in_out=*/true, P, K, N, nr, kernel_->pairs, torch::kChar);
       // [G, N] -> [P, G, nr], zero past column N.
       const int64_t G = w.scale.size(0);
       const torch::Tensor padded = at::zeros({G, P * nr}, torch::kFloat32);
@@ -376,10 +389,15 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
   float* ep = e.data_ptr<float>();
   if (dtype_ == WeightDtype::kBFloat16) {
     const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
+    // Weight (k, column n) of a panel of K rows, or of pairs of them.
+    const bool pairs = kernel_->pairs;
+    const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
-      const uint16_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
+      const uint16_t* src = wp + (ip[t] / nr) * Kp * nr;
+      const int64_t j = ip[t] % nr;
       for (int64_t k = 0; k < K; ++k) {
-        const uint32_t bits = static_cast<uint32_t>(src[k * nr]) << 16;
+        const uint16_t w = src[panel_index(pairs, k, j, nr)];
+        const uint32_t bits = static_cast<uint32_t>(w) << 16;
         std::memcpy(ep + t * K + k, &bits, sizeof bits);
       }
     }
@@ -389,10 +407,13 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
     // q * scale in fp32: quantize_int8_per_channel's values, bit for bit.
     const int8_t* wp = weight_.data_ptr<int8_t>();
     const float* sp = scales_.data_ptr<float>();
+    const bool pairs = kernel_->pairs;
+    const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
-      const int8_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
+      const int8_t* src = wp + (ip[t] / nr) * Kp * nr;
+      const int64_t j = ip[t] % nr;
       const float s = sp[ip[t]];
-      for (int64_t k = 0; k < K; ++k) ep[t * K + k] = static_cast<float>(src[k * nr]) * s;
+      for (int64_t k = 0; k < K; ++k) ep[t * K + k] = static_cast<float>(src[panel_index(pairs, k, j, nr)]) * s;
     }
     return e;
   }
@@ -401,10 +422,14 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
     const int8_t* wp = weight_.data_ptr<int8_t>();
     const float* sp = scales_.data_ptr<float>();
     const int64_t G = scales_.size(1);
+    const bool pairs = kernel_->pairs;
+    const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
-      const int8_t* src = wp + (ip[t] / nr) * K * nr + ip[t] % nr;
-      const float* s = sp + (ip[t] / nr) * G * nr + ip[t] % nr;
-      for (int64_t k = 0; k < K; ++k) ep[t * K + k] = static_cast<float>(src[k * nr]) * s[k / kInt8Group * nr];
+      const int8_t* src = wp + (ip[t] / nr) * Kp * nr;
+      const int64_t j = ip[t] % nr;
+      const float* s = sp + (ip[t] / nr) * G * nr + j;
+      for (int64_t k = 0; k < K; ++k)
+        ep[t * K + k] = static_cast<float>(src[panel_index(pairs, k, j, nr)]) * s[k / kInt8Group * nr];
     }
     return e;
   }

@@ -185,3 +185,12 @@ const PackedGemmKernel kPackedGemm = {kNr, run_unscaled<float>, run_unscaled<uin
                                       run<int8_t, true>};
 
 }  // namespace troupe::model::avx512
+
+namespace troupe::model::avx512bf16 {
+
+// The fp32 kernel above; bfloat16 and int8 weights on vdpbf16ps and vpdpwssd
+// (linear_avx512bf16.cpp).
+const PackedGemmKernel kPackedGemm = {avx512::kNr,    avx512::run_unscaled<float>, run_bf16_pairs,
+                                      run_int8_pairs, run_int8_g32_pairs,          /*pairs=*/true};
+
+}  // namespace troupe::model::avx512bf16

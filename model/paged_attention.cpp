@@ -41,6 +41,7 @@ void check_common(const PagedAttentionInput& in, const char* who) {
 
 AttendTileFn attend_tile_kernel(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
     case CpuIsa::kAvx512:
       return avx512::attend_tile;
     case CpuIsa::kAvx2:

@@ -374,6 +374,7 @@ uint32_t gumbel_noise_bits(uint64_t seed, int64_t position, int32_t token) {
 
 const SamplerKernels& sampler_kernels(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
     case CpuIsa::kAvx512:
       return avx512::kSamplerKernels;
     case CpuIsa::kAvx2:

@@ -32,7 +32,7 @@ std::vector<model::CpuIsa> parse_variants(const std::string& list) {
 
 std::vector<model::CpuIsa> vector_variants() {
   std::vector<model::CpuIsa> out;
-  for (model::CpuIsa isa : {model::CpuIsa::kAvx512, model::CpuIsa::kAvx2})
+  for (model::CpuIsa isa : {model::CpuIsa::kAvx512Bf16, model::CpuIsa::kAvx512, model::CpuIsa::kAvx2})
     if (model::cpu_supports(isa)) out.push_back(isa);
   return out;
 }

@@ -26,6 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 const LimitLoops& loops(model::CpuIsa isa) {
   switch (isa) {
+    case model::CpuIsa::kAvx512Bf16:
+      return avx512bf16::kLimitLoops;
     case model::CpuIsa::kAvx512:
       return avx512::kLimitLoops;
     case model::CpuIsa::kAvx2:
@@ -61,16 +63,19 @@ double status_mib(const char* field) {
 
 }  // namespace
 
-double fma_peak_gflops(model::CpuIsa isa, int threads) {
+double fma_peak_gflops(model::CpuIsa isa, int threads, bool bf16_dot) {
   if (!model::cpu_supports(isa))
     throw std::invalid_argument("fma_peak_gflops: " + model::why_unsupported(isa));
   const int n = threads > 0 ? threads : at::get_num_threads();
-  const LimitLoops& l = loops(isa);
+  if (bf16_dot && !loops(isa).dot_bf16)
+    throw std::invalid_argument(std::string("fma_peak_gflops: the ") + model::to_string(isa) +
+                                " variant has no bfloat16 dot product");
+  double (*const loop)(int64_t) = bf16_dot ? loops(isa).dot_bf16 : loops(isa).fma;
   // Calibrate to ~0.2 s per run on one thread.
   int64_t iters = int64_t{1} << 16;
   for (;;) {
     const auto t0 = Clock::now();
-    l.fma(iters);
+    loop(iters);
     const double s = seconds_since(t0);
     if (s > 0.02) {
       iters = static_cast<int64_t>(static_cast<double>(iters) * 0.2 / s);
@@ -81,7 +86,7 @@ double fma_peak_gflops(model::CpuIsa isa, int threads) {
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> flops(static_cast<size_t>(n));
-    const double s = on_threads(n, [&](int t) { flops[static_cast<size_t>(t)] = l.fma(iters); });
+    const double s = on_threads(n, [&](int t) { flops[static_cast<size_t>(t)] = loop(iters); });
     double total = 0;
     for (double f : flops) total += f;
     best = std::max(best, total / s * 1e-9);

@@ -18,7 +18,9 @@ namespace troupe::bench {
 // GFLOP/s of `threads` threads (0 = at::get_num_threads()) each running
 // independent multiply-adds in registers with `isa`'s widest vectors, best of
 // a few ~0.2 s runs. Throws std::invalid_argument if the CPU cannot run isa.
-double fma_peak_gflops(model::CpuIsa isa, int threads = 0);
+// bf16_dot: with the bfloat16 dot product instead (vdpbf16ps, avx512bf16
+// only: std::invalid_argument elsewhere), the peak of bfloat16 weights there.
+double fma_peak_gflops(model::CpuIsa isa, int threads = 0, bool bf16_dot = false);
 
 // GB/s (1e9 bytes) of `threads` threads (0 = at::get_num_threads()) reading
 // a `bytes` buffer (default 1 GiB) once through, each its own contiguous

@@ -61,6 +61,23 @@ std::vector<Case> cases() {
 
 class LinearVariant : public ::testing::TestWithParam<CpuIsa> {};
 
+// Columns per packed panel of a variant's kernel.
+int64_t panel_width(CpuIsa isa) { return static_cast<int>(isa) >= static_cast<int>(CpuIsa::kAvx512) ? 64 : 16; }
+// Rows of K a variant's int8 or bfloat16 panels hold: K, or K padded to pairs.
+int64_t panel_rows(CpuIsa isa, int64_t k) { return isa == CpuIsa::kAvx512Bf16 ? (k + 1) / 2 * 2 : k; }
+
+// x as an int8 weight's kernel sees it: on avx512bf16 (vpdpwssd) each row
+// quantized to int16 with the scale max |row| / 32767 as the kernel does it
+// in fp32 (q = x * (32767 / max) to nearest, even on ties), returned as q *
+// scale; elsewhere x itself.
+torch::Tensor int8_kernel_input(const torch::Tensor& x, CpuIsa isa) {
+  if (isa != CpuIsa::kAvx512Bf16) return x;
+  const torch::Tensor largest = x.abs().amax(1, /*keepdim=*/true);
+  const torch::Tensor inv = at::where(largest > 0, 32767.0f / largest, at::zeros_like(largest));
+  const torch::Tensor q = (x * inv).round().clamp(-32767, 32767);
+  return q.to(torch::kDouble) * (largest / 32767.0f).to(torch::kDouble);
+}
+
 TEST_P(LinearVariant, PacksFp32CpuWeightsForItsVariant) {
   const CpuIsa isa = GetParam();
   TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
@@ -82,12 +99,15 @@ TEST(Linear, DefaultsToTheProcessVariantAndPackFalseMeansBlas) {
 }
 
 TEST(Linear, RefusesAVariantThisCpuCannotRun) {
-  if (best_isa() == CpuIsa::kAvx512) GTEST_SKIP() << "this CPU runs every variant: nothing to refuse";
+  const CpuIsa top = all_isas().back();
+  if (best_isa() == top) GTEST_SKIP() << "this CPU runs every variant: nothing to refuse";
   try {
-    Linear(at::randn({8, 8}), WeightLayout::kInOut, CpuIsa::kAvx512);
+    Linear(at::randn({8, 8}), WeightLayout::kInOut, top);
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot run the avx512 kernels"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::string("cannot run the ") + to_string(top) + " kernels"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -311,10 +331,12 @@ TEST_P(LinearVariant, EmbeddingReadsRowsOfTheOutInMatrix) {
 // bfloat16 weights: half the bytes, and the very same function as fp32
 // weights equal to the rounded ones (widened in registers, the same FMAs in
 // the same order): equal bits, for every shape, activation, accumulation and
-// layout, and the embedding rows are the rounded ones.
+// layout, and the embedding rows are the rounded ones. (The AVX-512 BF16
+// variant computes another function: Bfloat16DotProducts... below.)
 TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
   const CpuIsa isa = GetParam();
   TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  if (isa == CpuIsa::kAvx512Bf16) GTEST_SKIP() << "avx512bf16 rounds x too: see Bfloat16DotProducts*";
   at::manual_seed(9);
   for (const Case& c : cases()) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
@@ -334,13 +356,55 @@ TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
     const Linear out_in_ref(rounded.t().contiguous(), WeightLayout::kOutIn, isa);
     EXPECT_TRUE(at::equal(out_in.forward(x), out_in_ref.forward(x)));
     if (bf16.packed()) {
-      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16;
+      const int64_t nr = panel_width(isa);
       EXPECT_EQ(bf16.weight_bytes(), (c.n + nr - 1) / nr * nr * c.k * 2) << "two bytes a weight";
     }
   }
   const torch::Tensor wte = at::randn({131, 40});
   const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
   EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kBFloat16).embedding(ids),
+                        round_to_bfloat16(wte).index_select(0, ids)));
+}
+
+// bfloat16 weights on vdpbf16ps (the avx512bf16 variant): bf16(x) @ bf16(W)
+// with fp32 sums, so held to the fp32 kernels' tolerance against the double
+// reference of the rounded x and W, in both layouts, with GELU and
+// accumulation; each row of the result depends on its own row of x only
+// (bit for bit, whatever rows run beside it); two bytes a weight over K
+// padded to even; and not the widening kernel's function (x is rounded).
+TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
+  TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  at::manual_seed(19);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+    const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+    const torch::Tensor wr = round_to_bfloat16(w), xr = round_to_bfloat16(x);
+    const Linear dot(w, WeightLayout::kInOut, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16);
+    ASSERT_TRUE(dot.packed());
+    const torch::Tensor y = dot.forward(x, b);
+    EXPECT_LT(rel_error(y, xr, wr, b), kRelTol);
+    EXPECT_TRUE(at::equal(dot.forward(xr, b), y)) << "x is rounded to bfloat16 first";
+    EXPECT_LT(gelu_error(dot.forward(x, b, Activation::kGeluTanh), gelu_tanh_reference(y), y), 1.0);
+    torch::Tensor acc = at::randn({c.m, c.n});
+    const torch::Tensor base = acc.clone();
+    dot.forward_add_(acc, x, b);
+    EXPECT_LT(rel_error(acc, xr, wr, b, base), kRelTol);
+    const Linear out_in(w.t().contiguous(), WeightLayout::kOutIn, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16);
+    EXPECT_TRUE(at::equal(out_in.forward(x, b), y)) << "the same panels from either layout";
+    for (int64_t i : {int64_t{0}, c.m / 2, c.m - 1})
+      EXPECT_TRUE(at::equal(dot.forward(x.narrow(0, i, 1), b), y.narrow(0, i, 1))) << "row " << i << " alone";
+    EXPECT_EQ(dot.weight_bytes(), (c.n + 63) / 64 * 64 * ((c.k + 1) / 2 * 2) * 2);
+  }
+  // Not the widening kernel: x = 1 + 2^-10 is not a bfloat16 (8 bits of
+  // significand), so the two differ by W's column sums times 2^-10.
+  const torch::Tensor w = at::randn({64, 80}), x = at::full({3, 64}, 1.0f + 1.0f / 1024);
+  const torch::Tensor widened = Linear(w, WeightLayout::kInOut, CpuIsa::kAvx512, WeightDtype::kBFloat16).forward(x);
+  const torch::Tensor dotted = Linear(w, WeightLayout::kInOut, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16).forward(x);
+  EXPECT_LT(rel_error(dotted, at::ones_like(x), round_to_bfloat16(w), {}), kRelTol);
+  EXPECT_GT((dotted - widened).abs().max().item<float>(), 1e-3f);
+  const torch::Tensor wte = at::randn({131, 41});
+  const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+  EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16).embedding(ids),
                         round_to_bfloat16(wte).index_select(0, ids)));
 }
 
@@ -363,26 +427,28 @@ TEST_P(LinearVariant, Int8WeightsComputeTheFp32FunctionOfTheirDequantizedValues)
     EXPECT_EQ(q8.dtype(), WeightDtype::kInt8);
     EXPECT_EQ(q8.packed(), isa != CpuIsa::kPortable);
     const torch::Tensor y = q8.forward(x, b);
-    EXPECT_LT(rel_error(y, x, deq, b), kRelTol);
+    const torch::Tensor xk = int8_kernel_input(x, isa);
+    EXPECT_LT(rel_error(y, xk, deq, b), kRelTol);
     // GELU is applied to the same sums: within its slope (< 1.13) of them.
     const torch::Tensor g = q8.forward(x, b, Activation::kGeluTanh);
     const torch::Tensor scale =
-        at::mm(x.abs().to(torch::kDouble), deq.abs().to(torch::kDouble)) + b.abs().to(torch::kDouble) + 1e-30;
+        at::mm(xk.abs().to(torch::kDouble), deq.abs().to(torch::kDouble)) + b.abs().to(torch::kDouble) + 1e-30;
     const torch::Tensor g_ref =
-        at::gelu(at::addmm(b.to(torch::kDouble), x.to(torch::kDouble), deq.to(torch::kDouble)), "tanh");
+        at::gelu(at::addmm(b.to(torch::kDouble), xk.to(torch::kDouble), deq.to(torch::kDouble)), "tanh");
     EXPECT_LT(((g.to(torch::kDouble) - g_ref).abs() / scale).max().item<double>(), 2 * kRelTol);
     torch::Tensor acc = at::randn({c.m, c.n});
     const torch::Tensor before = acc.clone();
     q8.forward_add_(acc, x, b);
-    EXPECT_LT(rel_error(acc, x, deq, b, before), kRelTol);
+    EXPECT_LT(rel_error(acc, xk, deq, b, before), kRelTol);
     // kOutIn: a channel is a row of the source, the same channels as w's columns.
     const torch::Tensor wt = w.t().contiguous();
     EXPECT_TRUE(at::equal(quantize_int8_per_channel(wt, WeightLayout::kOutIn), deq.t()));
     const Linear out_in(wt, WeightLayout::kOutIn, isa, WeightDtype::kInt8);
-    EXPECT_LT(rel_error(out_in.forward(x), x, deq, {}), kRelTol);
+    EXPECT_LT(rel_error(out_in.forward(x), xk, deq, {}), kRelTol);
     if (q8.packed()) {
-      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16, padded = (c.n + nr - 1) / nr * nr;
-      EXPECT_EQ(q8.weight_bytes(), padded * c.k + padded * 4) << "one byte a weight, four a column's scale";
+      const int64_t nr = panel_width(isa), padded = (c.n + nr - 1) / nr * nr;
+      EXPECT_EQ(q8.weight_bytes(), padded * panel_rows(isa, c.k) + padded * 4)
+          << "one byte a weight, four a column's scale";
     }
   }
   // Quantization is not free: the dequantized weights differ from the source.
@@ -403,9 +469,11 @@ TEST_P(LinearVariant, Int8WeightsComputeTheFp32FunctionOfTheirDequantizedValues)
 // dequantized in registers before the fp32 kernel's FMAs, so the result is
 // the fp32 Linear's on the dequantized weights bit for bit, in every shape,
 // activation, accumulation and layout; the embedding rows are those values.
+// (avx512bf16 sums int16 x times the int8 weights: Int8OnVnni... below.)
 TEST_P(LinearVariant, Int8GroupsOf32ComputeExactlyAsTheirDequantizedFp32) {
   const CpuIsa isa = GetParam();
   TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
+  if (isa == CpuIsa::kAvx512Bf16) GTEST_SKIP() << "avx512bf16 quantizes x to int16: see Int8OnVnni*";
   at::manual_seed(11);
   for (const Case& c : cases()) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
@@ -426,7 +494,7 @@ TEST_P(LinearVariant, Int8GroupsOf32ComputeExactlyAsTheirDequantizedFp32) {
     const Linear out_in(wt, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32);
     EXPECT_TRUE(at::equal(out_in.forward(x), Linear(deq.t().contiguous(), WeightLayout::kOutIn, isa).forward(x)));
     if (g32.packed()) {
-      const int64_t nr = isa == CpuIsa::kAvx512 ? 64 : 16, padded = (c.n + nr - 1) / nr * nr;
+      const int64_t nr = panel_width(isa), padded = (c.n + nr - 1) / nr * nr;
       EXPECT_EQ(g32.weight_bytes(), padded * c.k + padded * ((c.k + 31) / 32) * 4)
           << "one byte a weight, four a group's scale";
     }
@@ -435,6 +503,57 @@ TEST_P(LinearVariant, Int8GroupsOf32ComputeExactlyAsTheirDequantizedFp32) {
   const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
   EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, WeightDtype::kInt8G32).embedding(ids),
                         quantize_int8_groups_of_32(wte, WeightLayout::kOutIn).index_select(0, ids)));
+}
+
+// int8 weights on vpdpwssd (avx512bf16): both layouts of scales are the
+// function of x quantized to int16 per row (int8_kernel_input) and the
+// dequantized weights, to the fp32 kernels' tolerance, with GELU and
+// accumulation; every row depends on its own row of x only (bit for bit);
+// one byte a weight over K padded to pairs; and not the widening kernel's
+// function (avx512, which keeps x in fp32).
+TEST(LinearVnni, Int8OnVnniQuantizesXToInt16AndDependsOnlyOnTheRow) {
+  TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  const CpuIsa isa = CpuIsa::kAvx512Bf16;
+  at::manual_seed(12);
+  for (WeightDtype dtype : {WeightDtype::kInt8, WeightDtype::kInt8G32}) {
+    SCOPED_TRACE(to_string(dtype));
+    for (const Case& c : cases()) {
+      SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+      const torch::Tensor w = at::randn({c.k, c.n}), b = at::randn({c.n}), x = at::randn({c.m, c.k});
+      const torch::Tensor deq = dtype == WeightDtype::kInt8 ? quantize_int8_per_channel(w, WeightLayout::kInOut)
+                                                            : quantize_int8_groups_of_32(w, WeightLayout::kInOut);
+      const torch::Tensor xk = int8_kernel_input(x, isa);
+      const Linear q(w, WeightLayout::kInOut, isa, dtype);
+      ASSERT_TRUE(q.packed());
+      const torch::Tensor y = q.forward(x, b);
+      EXPECT_LT(rel_error(y, xk, deq, b), kRelTol);
+      EXPECT_LT(gelu_error(q.forward(x, b, Activation::kGeluTanh), gelu_tanh_reference(y), y), 1.0);
+      torch::Tensor acc = at::randn({c.m, c.n});
+      const torch::Tensor before = acc.clone();
+      q.forward_add_(acc, x, b);
+      EXPECT_LT(rel_error(acc, xk, deq, b, before), kRelTol);
+      const Linear out_in(w.t().contiguous(), WeightLayout::kOutIn, isa, dtype);
+      EXPECT_TRUE(at::equal(out_in.forward(x, b), y)) << "the same panels from either layout";
+      for (int64_t i : {int64_t{0}, c.m / 2, c.m - 1})
+        EXPECT_TRUE(at::equal(q.forward(x.narrow(0, i, 1), b), y.narrow(0, i, 1))) << "row " << i << " alone";
+      const int64_t padded = (c.n + 63) / 64 * 64, scales = dtype == WeightDtype::kInt8 ? 1 : (c.k + 31) / 32;
+      EXPECT_EQ(q.weight_bytes(), padded * panel_rows(isa, c.k) + padded * scales * 4);
+    }
+    // x = 1 + 2^-14 in every place but one 1000: the int16 step (1000 / 32767)
+    // swallows the 2^-14, the widening kernel keeps it.
+    torch::Tensor x = at::full({2, 64}, 1.0f + 1.0f / 16384);
+    x[0][5] = 1000.0f;
+    x[1][7] = 1000.0f;
+    const torch::Tensor w = at::randn({64, 80});
+    const torch::Tensor vnni = Linear(w, WeightLayout::kInOut, isa, dtype).forward(x);
+    const torch::Tensor widened = Linear(w, WeightLayout::kInOut, CpuIsa::kAvx512, dtype).forward(x);
+    EXPECT_FALSE(at::equal(vnni, widened));
+    const torch::Tensor wte = at::randn({131, 71});
+    const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
+    const torch::Tensor deq_wte = dtype == WeightDtype::kInt8 ? quantize_int8_per_channel(wte, WeightLayout::kOutIn)
+                                                              : quantize_int8_groups_of_32(wte, WeightLayout::kOutIn);
+    EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, isa, dtype).embedding(ids), deq_wte.index_select(0, ids)));
+  }
 }
 
 // Scales of 1 and 2 (max |W| of 127 and 254) make every division exact, so
