@@ -6,6 +6,7 @@
 #include <future>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 
 #include "actors/worker_actor.hpp"
@@ -322,9 +323,10 @@ std::string node_cost(const NodeOptions& o, const std::optional<sim::CostProfile
   return {};
 }
 
-// One worker per device: the model (its weights shared per device) or, with
-// --emulate, the cost profile's step times.
-NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
+// One worker per device: the model (its weights shared per device; the last
+// device's model takes dir.weights themselves, model::weights_for_model) or,
+// with --emulate, the cost profile's step times.
+NodeWorkers node_workers(const NodeOptions& o, model::ModelDir& dir) {
   const model::Gpt2Config& cfg = dir.config;
   const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
   if (devices.empty()) throw std::invalid_argument("a worker node needs at least one worker");
@@ -356,7 +358,11 @@ NodeWorkers node_workers(const NodeOptions& o, const model::ModelDir& dir) {
       nw.factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
     } else {
       auto& m = models[devices[i]];
-      if (!m) m = std::make_shared<model::Gpt2>(cfg, dir.weights, c10::Device(devices[i]), dtype);
+      if (!m) {
+        const bool last_model = models.size() == std::set<std::string>(devices.begin(), devices.end()).size();
+        m = std::make_shared<model::Gpt2>(cfg, model::weights_for_model(dir, last_model), c10::Device(devices[i]),
+                                          dtype);
+      }
       wc.model = m;
       nw.factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
     }

@@ -47,6 +47,13 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+Gpt2Weights weights_for_model(ModelDir& dir, bool last_model) {
+  if (!last_model) return dir.weights;
+  Gpt2Weights w = std::move(dir.weights);
+  dir.weights = {};
+  return w;
+}
+
 void release_weights(ModelDir& dir) {
   dir.weights = {};
   malloc_trim(0);

@@ -31,6 +31,13 @@ ModelDir load_model_dir(const std::string& dir);
 // and frees each weight as it packs it.
 void release_weights(ModelDir& dir);
 
+// The weights for one more model built from `dir`: a copy (sharing the
+// tensors), or, for the last model built from it, dir.weights themselves
+// (dir.weights is left empty), so that model frees each source matrix as it
+// packs it and loading never holds the loaded weights and a whole packed
+// copy at once.
+Gpt2Weights weights_for_model(ModelDir& dir, bool last_model);
+
 // Writes a complete model folder with random weights (init-model). The
 // tokenizer files are copied from `tokenizer_dir`. Deterministic for a seed.
 void write_random_model(const std::string& dir, const Gpt2Config& config, uint64_t seed,

@@ -98,6 +98,26 @@ TEST(ModelDir, SharedTinyModelLoads) {
   EXPECT_TRUE(torch::equal(m.weights.wte, Gpt2Weights::random(Gpt2Config::preset("tiny"), 1234).wte));
 }
 
+// Models built from one loaded folder: the first ones get copies that share
+// the loaded tensors; the last takes them, leaving the folder's weights empty
+// (so it frees each source matrix as it packs it).
+TEST(ModelDir, TheLastModelTakesTheLoadedWeights) {
+  testing::internal::CaptureStderr();  // the random-weights banner
+  ModelDir dir = load_model_dir(test::tiny_model_dir());
+  testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(dir.weights.wte.defined());
+  const void* wte = dir.weights.wte.data_ptr();
+  const Gpt2Weights copy = weights_for_model(dir, /*last_model=*/false);
+  EXPECT_EQ(copy.wte.data_ptr(), wte) << "a copy shares the tensors";
+  EXPECT_TRUE(dir.weights.wte.defined());
+  EXPECT_EQ(dir.weights.layers.size(), copy.layers.size());
+  const Gpt2Weights taken = weights_for_model(dir, /*last_model=*/true);
+  EXPECT_EQ(taken.wte.data_ptr(), wte);
+  EXPECT_EQ(taken.layers.size(), copy.layers.size());
+  EXPECT_FALSE(dir.weights.wte.defined()) << "the folder holds nothing after the last model";
+  EXPECT_TRUE(dir.weights.layers.empty());
+}
+
 TEST(ModelDir, MissingFilesAreNamedWithTheWayOut) {
   test::TempDir dir;
   write_random_model(dir.path(), Gpt2Config::preset("tiny"), 1, test::tokenizer_dir());
