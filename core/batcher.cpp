@@ -136,8 +136,14 @@ Batcher::Worker* Batcher::pick(const Request& r) {
     case PlacementPolicy::kLeastLoaded:
       return *std::min_element(fit.begin(), fit.end(), less_loaded);
     case PlacementPolicy::kPrefixAffinity: {
-      std::vector<int32_t> tokens = r.prompt_ids;
-      tokens.insert(tokens.end(), r.output_ids.begin(), r.output_ids.end());
+      // The prompt, then what was generated before (a moved request); no copy without the latter.
+      std::vector<int32_t> joined;
+      if (!r.output_ids.empty()) {
+        joined.reserve(r.prompt_ids.size() + r.output_ids.size());
+        joined = r.prompt_ids;
+        joined.insert(joined.end(), r.output_ids.begin(), r.output_ids.end());
+      }
+      const std::vector<int32_t>& tokens = r.output_ids.empty() ? r.prompt_ids : joined;
       // Only a worker caching the first block can have a hit: the index
       // names them (per block size), the rest have none without asking.
       const std::vector<uint64_t>* holders = nullptr;
@@ -167,7 +173,7 @@ Batcher::Worker* Batcher::pick(const Request& r) {
 }
 
 // Queues r on the best worker that can run it; false when none can now.
-bool Batcher::place(Request r, int64_t now) {
+bool Batcher::place(Request& r, int64_t now) {
   (void)now;
   Worker* w = pick(r);
   if (w == nullptr) return false;
@@ -361,8 +367,8 @@ void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
                                    " before its deadline (" + std::to_string(workers_.size()) + " workers)");
     } else if (auto why = refused_by_all(u.request)) {
       fail_unplaced(u.request, *why);
-    } else if (place(u.request, now)) {
-      placed.push_back(where_.at(u.request.id));
+    } else if (const uint64_t id = u.request.id; place(u.request, now)) {
+      placed.push_back(where_.at(id));
     } else {
       unplaced_.push_back(std::move(u));
     }

@@ -194,7 +194,8 @@ class Batcher {
   std::optional<std::string> refused_by_all(const Request& r) const;
   // The final event of a request that never reached a worker.
   void fail_unplaced(const Request& r, const std::string& error, FinishReason reason = FinishReason::kError);
-  bool place(Request r, int64_t now);
+  // Moves from r only when it returns true.
+  bool place(Request& r, int64_t now);
   void move_all(Worker& w, int64_t now);
   // Places (or fails) the requests waiting for a worker; appends the workers
   // that took one to `placed`.

@@ -106,6 +106,15 @@ int32_t BlockAllocator::allocate() {
     lru_remove(b);
     uncache(b);
     ++evictions_;
+    // The next victim's lines (its block, the name it frees, the block after
+    // it), fetched now: this pool's next eviction comes a step or more later,
+    // after other work, and would otherwise wait on each in turn.
+    if (lru_head_ >= 0) {
+      const Block& next = blocks_[static_cast<size_t>(lru_head_)];  // in cache: lru_remove wrote it
+      by_hash_.prefetch(next.hash);
+      if (next.parent < 0) roots_.prefetch(next.hash);
+      if (next.lru_next >= 0) __builtin_prefetch(&blocks_[static_cast<size_t>(next.lru_next)]);
+    }
   } else {
     return -1;
   }

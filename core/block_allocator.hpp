@@ -97,6 +97,8 @@ class BlockAllocator {
   void prefetch_register(int32_t block, uint64_t hash) const {
     if (block >= 0 && static_cast<size_t>(block) < blocks_.size())
       __builtin_prefetch(&blocks_[static_cast<size_t>(block)]);
+    const size_t token = static_cast<size_t>(block) * static_cast<size_t>(block_size_);
+    if (block >= 0 && token < tokens_.size()) __builtin_prefetch(&tokens_[token], 1);  // written there
     by_hash_.prefetch(hash);
   }
   // The longest run of cached blocks for the query's full blocks

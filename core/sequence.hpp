@@ -28,18 +28,27 @@ class InFlightList {
   const InFlight& front() const { return items_[0]; }
   const InFlight* begin() const { return items_; }
   const InFlight* end() const { return items_ + n_; }
+  // Sums over the items, kept as they come and go (every step asks each
+  // running sequence for them, several times).
+  int32_t num_tokens() const { return tokens_; }
+  int32_t num_sampling() const { return sampling_; }
   void push_back(const InFlight& f) {
     if (n_ == kCapacity) throw std::logic_error("Sequence: more than 8 steps in flight");
     items_[n_++] = f;
+    tokens_ += f.num_tokens;
+    sampling_ += f.sample ? 1 : 0;
   }
   void pop_front() {
+    tokens_ -= items_[0].num_tokens;
+    sampling_ -= items_[0].sample ? 1 : 0;
     std::move(items_ + 1, items_ + n_, items_);
     --n_;
   }
-  void clear() { n_ = 0; }
+  void clear() { n_ = tokens_ = sampling_ = 0; }
 
  private:
   int32_t n_ = 0;  // first: beside the oldest item, in the sequence's first cache line
+  int32_t tokens_ = 0, sampling_ = 0;  // sum of num_tokens, count of sample
   InFlight items_[kCapacity];
 };
 
@@ -77,16 +86,8 @@ struct Sequence {
   uint64_t arrival = 0;       // submission order: the policy's tie-break
   Request request;            // prompt_ids and output_ids moved out into `tokens`
 
-  int32_t num_in_flight() const {
-    int32_t n = 0;
-    for (const auto& f : in_flight) n += f.num_tokens;
-    return n;
-  }
-  int32_t num_unknown() const {
-    int32_t n = 0;
-    for (const auto& f : in_flight) n += f.sample ? 1 : 0;
-    return n;
-  }
+  int32_t num_in_flight() const { return in_flight.num_tokens(); }
+  int32_t num_unknown() const { return in_flight.num_sampling(); }
   // Tokens that exist, counting those sampled by steps in flight.
   int32_t length() const { return static_cast<int32_t>(tokens.size()) + num_unknown(); }
   int32_t num_scheduled() const { return num_computed + num_in_flight(); }
