@@ -86,7 +86,7 @@ void BlockAllocator::uncache(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   by_hash_.erase(blk.hash);
   if (blk.parent < 0 && roots_.erase(blk.hash) && root_observer_)
-    root_observer_(tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_, false);
+    root_observer_(block_tokens(b), false);
   blk.cached = false;
   blk.hash = 0;
   blk.parent = -1;
@@ -180,17 +180,22 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   blk.hash = hash;
   blk.parent = parent_block;
   blk.parent_gen = parent_gen;
-  const size_t at_end = (static_cast<size_t>(block) + 1) * static_cast<size_t>(block_size_);
-  if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
-  std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
+  std::copy(tokens, tokens + block_size_, block_tokens_for_write(block));
   by_hash_.insert(hash, block);
   if (parent_block < 0 && roots_.insert(hash, block) && root_observer_) root_observer_(tokens, true);
   return true;
 }
 
+int32_t* BlockAllocator::block_tokens_for_write(int32_t b) {
+  const auto chunk = static_cast<size_t>(b / kTokenChunkBlocks);
+  while (token_chunks_.size() <= chunk)  // grows with the blocks handed out
+    token_chunks_.push_back(std::make_unique<int32_t[]>(static_cast<size_t>(kTokenChunkBlocks) * block_size_));
+  return token_chunks_[chunk].get() + static_cast<ptrdiff_t>(b % kTokenChunkBlocks) * block_size_;
+}
+
 bool BlockAllocator::holds(int32_t b, const int32_t* tokens, int32_t parent) const {
   const Block& blk = blocks_[static_cast<size_t>(b)];
-  const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_;
+  const int32_t* have = block_tokens(b);
   if (!std::equal(tokens, tokens + block_size_, have)) return false;
   if (blk.parent != parent) return false;
   return parent < 0 || blk.parent_gen == blocks_[static_cast<size_t>(parent)].gen;

@@ -128,6 +128,7 @@ std::optional<std::string> Scheduler::submit(Request request) {
   s->max_tokens = s->request.max_tokens;
   s->prompt_scored = s->request.prompt_scored;
   s->ignore_eos = s->request.ignore_eos;
+  s->wants_prompt_scores = s->request.sampling.prompt_logprobs >= 0;
   s->arrival = next_arrival_++;
   waiting_.insert(wait_key(*s));
   if (free_slots_.empty()) {
