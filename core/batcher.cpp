@@ -32,6 +32,11 @@ bool same_fit(const SchedulerOptions& a, const SchedulerOptions& b) {
 
 }  // namespace
 
+Batcher::Worker* Batcher::find(uint64_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
 void Batcher::refresh(const Worker& w) {
   Candidate& c = board_[w.index];
   c.id = w.spec.id;
@@ -43,21 +48,23 @@ void Batcher::refresh(const Worker& w) {
 
 void Batcher::rebuild_order() {
   order_.clear();
+  by_id_.clear();
   for (auto& [wid, wk] : workers_) {
     wk->index = order_.size();
     order_.push_back(wk.get());
+    by_id_.emplace(wid, wk.get());
   }
   board_.assign(order_.size(), Candidate{});
   for (const Worker* w : order_) refresh(*w);
 }
 
 void Batcher::check_invariants() const {
-  if (board_.size() != order_.size() || order_.size() != workers_.size())
+  if (board_.size() != order_.size() || order_.size() != workers_.size() || by_id_.size() != workers_.size())
     throw std::logic_error("Batcher: the placement board's size disagrees with the workers");
   for (size_t i = 0; i < order_.size(); ++i) {
     const Worker& w = *order_[i];
     const Candidate& c = board_[i];
-    if (w.index != i || c.id != w.spec.id || c.load != w.load() || c.free != w.sched->allocator().num_free() ||
+    if (w.index != i || find(w.spec.id) != &w || c.id != w.spec.id || c.load != w.load() || c.free != w.sched->allocator().num_free() ||
         c.fit_class != w.fit_class || c.active != (w.state == WorkerState::kActive) ||
         !same_fit(fit_classes_[static_cast<size_t>(c.fit_class)], w.spec.scheduler))
       throw std::logic_error("Batcher: the placement board disagrees with worker " + std::to_string(w.spec.id));
@@ -283,7 +290,7 @@ bool Batcher::finish(uint64_t id, FinishReason reason, const std::string& error)
   auto it = where_.find(id);
   if (it == where_.end()) return false;
   if (it->second != 0) {
-    Worker& w = *workers_.at(it->second);
+    Worker& w = *find(it->second);  // where_ names live workers only
     w.sched->finish(id, reason, error);
     refresh(w);
     collect(w);
@@ -367,14 +374,14 @@ bool Batcher::drain_worker(uint64_t id) {
 }
 
 bool Batcher::drained(uint64_t id) const {
-  auto it = workers_.find(id);
-  return it == workers_.end() || !it->second->sched->has_unfinished();
+  const Worker* w = find(id);
+  return w == nullptr || !w->sched->has_unfinished();
 }
 
 std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult& result, int64_t now) {
-  auto it = workers_.find(worker);
-  if (it == workers_.end()) return std::nullopt;  // a late result from a worker already removed
-  Worker& w = *it->second;
+  Worker* found = find(worker);
+  if (found == nullptr) return std::nullopt;  // a late result from a worker already removed
+  Worker& w = *found;
   try {
     w.sched->on_step_done(result);
     refresh(w);
@@ -472,8 +479,7 @@ void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out)
   std::sort(ids_.begin(), ids_.end());
   ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
   for (uint64_t id : ids_) {
-    auto it = workers_.find(id);
-    if (it != workers_.end()) plan(id, *it->second, now, out);
+    if (Worker* w = find(id)) plan(id, *w, now, out);
   }
 }
 
@@ -521,8 +527,8 @@ uint64_t Batcher::worker_of(uint64_t request_id) const {
 }
 
 const Scheduler* Batcher::scheduler(uint64_t worker) const {
-  auto it = workers_.find(worker);
-  return it == workers_.end() ? nullptr : it->second->sched.get();
+  const Worker* w = find(worker);
+  return w == nullptr ? nullptr : w->sched.get();
 }
 
 }  // namespace troupe::core

@@ -127,7 +127,7 @@ class Batcher {
   // remove_worker() moves what is left.
   bool drain_worker(uint64_t id);
   bool drained(uint64_t id) const;
-  bool has_worker(uint64_t id) const { return workers_.count(id) != 0; }
+  bool has_worker(uint64_t id) const { return by_id_.count(id) != 0; }
   size_t num_workers() const { return workers_.size(); }
 
   // Queues a request on a worker (placement) or, with no worker able to take
@@ -200,6 +200,9 @@ class Batcher {
     bool active = true;     // WorkerState::kActive
   };
   void refresh(const Worker& w);
+  // The worker with this id, or null: by_id_'s lookup (one or two cache
+  // misses where the ordered map's walks its levels; every result asks).
+  Worker* find(uint64_t id) const;
   void rebuild_order();
   struct Unplaced {
     Request request;
@@ -224,6 +227,7 @@ class Batcher {
   BatcherOptions options_;
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration
   std::vector<Worker*> order_;                           // the same in a vector: placement's scan
+  std::unordered_map<uint64_t, Worker*> by_id_;          // the same by id, for lookups
   std::vector<Candidate> board_;                         // parallel to order_
   // The distinct limits of Scheduler::fits among the workers (one per
   // cluster of alike workers): a pick asks each class once, not each worker.
