@@ -41,19 +41,14 @@ BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enab
     : num_blocks_(num_blocks),
       block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
-      hash_key_(hash_key != 0 ? hash_key : random_key()),
-      hash_fn_(xxh3_block) {
+      hash_key_(hash_key != 0 ? hash_key : random_key()) {
   if (num_blocks < 1) throw std::invalid_argument("BlockAllocator: num_blocks must be >= 1");
   if (block_size < 1) throw std::invalid_argument("BlockAllocator: block_size must be >= 1");
 }
 
-const BlockAllocator::Block& BlockAllocator::at(int32_t block) const {
-  if (block < 0 || block >= num_blocks_) {
-    throw std::out_of_range("BlockAllocator: block " + std::to_string(block) + " is not in [0, " +
-                            std::to_string(num_blocks_) + ")");
-  }
-  static const Block kFresh;  // never handed out: free, uncached
-  return static_cast<size_t>(block) < blocks_.size() ? blocks_[static_cast<size_t>(block)] : kFresh;
+void BlockAllocator::out_of_pool(int32_t block) const {
+  throw std::out_of_range("BlockAllocator: block " + std::to_string(block) + " is not in [0, " +
+                          std::to_string(num_blocks_) + ")");
 }
 
 void BlockAllocator::lru_push_back(int32_t b) {
@@ -151,7 +146,8 @@ void BlockAllocator::share(int32_t block) {
 }
 
 uint64_t BlockAllocator::hash_block(uint64_t parent_hash, const int32_t* tokens) const {
-  return hash_fn_(hash_key_, parent_hash, tokens, block_size_);
+  if (hash_fn_) return hash_fn_(hash_key_, parent_hash, tokens, block_size_);
+  return xxh3_block(hash_key_, parent_hash, tokens, block_size_);
 }
 
 bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_t hash,

@@ -125,7 +125,7 @@ class BlockAllocator {
   int64_t evictions() const { return evictions_; }
 
   // Replaces the hash function (tests: force collisions). Call before any register_block.
-  void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }
+  void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }  // (hash_fn_ non-empty: used instead of XXH3)
 
   // Told whenever a first block (no parent) gains its name (cached = true,
   // register_block) or loses it (false: evicted, replaced, cleared), with
@@ -150,7 +150,12 @@ class BlockAllocator {
   };
   // Block `block`'s state (throws std::out_of_range outside the pool); a
   // block never handed out reads as free and uncached.
-  const Block& at(int32_t block) const;
+  const Block& at(int32_t block) const {
+    if (block < 0 || block >= num_blocks_) out_of_pool(block);
+    static const Block kFresh;  // never handed out: free, uncached
+    return static_cast<size_t>(block) < blocks_.size() ? blocks_[static_cast<size_t>(block)] : kFresh;
+  }
+  [[noreturn]] void out_of_pool(int32_t block) const;  // throws std::out_of_range
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void uncache(int32_t b);
@@ -164,7 +169,7 @@ class BlockAllocator {
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_key_;
-  HashFn hash_fn_;
+  HashFn hash_fn_;  // a test's replacement; empty: XXH3 called directly (every block is named)
   RootObserver root_observer_;
   // Blocks are handed out in id order the first time (blocks_ grows by one
   // each), so the pool's bookkeeping, like its KV, follows use: ids from

@@ -66,10 +66,9 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
   auto bad_id = [&](const std::vector<int32_t>& ids, const char* what) -> std::optional<std::string> {
     // One branch-free pass first (every prompt is checked at submission; it
     // vectorises), the search for the bad one only when there is one.
-    const auto vocab = static_cast<uint32_t>(options_.vocab_size);
-    bool any_bad = false;
-    for (int32_t t : ids) any_bad |= static_cast<uint32_t>(t) >= vocab;
-    if (!any_bad) return std::nullopt;
+    uint32_t most = 0;  // as unsigned: a negative id is past any vocabulary
+    for (int32_t t : ids) most = std::max(most, static_cast<uint32_t>(t));
+    if (most < static_cast<uint32_t>(options_.vocab_size)) return std::nullopt;
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= options_.vocab_size) {
         return id() + what + " token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
@@ -170,7 +169,8 @@ void Scheduler::erase_running(Sequence& s) {
 }
 
 void Scheduler::add_work(Sequence& s, int32_t n, StepPlan& plan) {
-  SeqWork w;
+  s.plan_index = static_cast<int32_t>(plan.work.size());
+  SeqWork& w = plan.work.emplace_back();  // built in place: one per running sequence per step
   w.seq_id = s.id;
   w.start_pos = s.num_scheduled();
   w.num_tokens = n;
@@ -180,8 +180,6 @@ void Scheduler::add_work(Sequence& s, int32_t n, StepPlan& plan) {
   w.score_rows = s.score_rows(s.num_scheduled(), n);
   s.blocks_sent = static_cast<int32_t>(s.blocks.size());
   s.in_flight.push_back({plan.step_id, n, w.sample});
-  s.plan_index = static_cast<int32_t>(plan.work.size());
-  plan.work.push_back(std::move(w));
   planned_.push_back(&s);
 }
 
