@@ -1,7 +1,8 @@
 // How fast the simulator runs: simulated seconds per wall second and events
 // per second, for 100 workers under an hour of traffic at 80% of their
-// capacity (target: <= 60 s wall on the team's 2-core machine), and how wall
-// time grows with the number of workers.
+// capacity (target, issue 33: <= 30 s wall on the team's 2-core machine), and
+// how wall time grows with the number of workers (1000 for five minutes:
+// <= 60 s).
 //
 //   ./build/bench_sim [COST.json] [--hours H] [--scaling-seconds S (0: none)] [--workers 10,100,1000]
 //                     [--only tables|no-tables]

@@ -16,8 +16,60 @@ struct Batcher::Worker {
   double busy_ms = 0, idle_ms = 0;
   std::deque<int64_t> deadlines;  // per step in flight, oldest first: how long it may be the oldest, ns
   int64_t oldest_since = 0;       // when the oldest step in flight became the oldest
+  size_t index = 0;               // in order_ and board_
+  int32_t fit_class = 0;          // in fit_classes_
   int32_t load() const { return sched->num_running() + sched->num_waiting(); }
 };
+
+namespace {
+
+// Whether two workers' options give every request the same Scheduler::fits answer.
+bool same_fit(const SchedulerOptions& a, const SchedulerOptions& b) {
+  return a.max_model_len == b.max_model_len && a.num_blocks == b.num_blocks && a.block_size == b.block_size &&
+         a.enable_chunked_prefill == b.enable_chunked_prefill &&
+         a.max_num_batched_tokens == b.max_num_batched_tokens;
+}
+
+}  // namespace
+
+Batcher::Worker* Batcher::find(uint64_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+void Batcher::refresh(const Worker& w) {
+  Candidate& c = board_[w.index];
+  c.id = w.spec.id;
+  c.load = w.load();
+  c.free = w.sched->allocator().num_free();
+  c.fit_class = w.fit_class;
+  c.active = w.state == WorkerState::kActive;
+}
+
+void Batcher::rebuild_order() {
+  order_.clear();
+  by_id_.clear();
+  for (auto& [wid, wk] : workers_) {
+    wk->index = order_.size();
+    order_.push_back(wk.get());
+    by_id_.emplace(wid, wk.get());
+  }
+  board_.assign(order_.size(), Candidate{});
+  for (const Worker* w : order_) refresh(*w);
+}
+
+void Batcher::check_invariants() const {
+  if (board_.size() != order_.size() || order_.size() != workers_.size() || by_id_.size() != workers_.size())
+    throw std::logic_error("Batcher: the placement board's size disagrees with the workers");
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const Worker& w = *order_[i];
+    const Candidate& c = board_[i];
+    if (w.index != i || find(w.spec.id) != &w || c.id != w.spec.id || c.load != w.load() || c.free != w.sched->allocator().num_free() ||
+        c.fit_class != w.fit_class || c.active != (w.state == WorkerState::kActive) ||
+        !same_fit(fit_classes_[static_cast<size_t>(c.fit_class)], w.spec.scheduler))
+      throw std::logic_error("Batcher: the placement board disagrees with worker " + std::to_string(w.spec.id));
+  }
+}
 
 const char* to_string(WorkerExit why) {
   switch (why) {
@@ -91,9 +143,12 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
     else
       index->remove(id, tokens, bs);
   });
+  auto cls = std::find_if(fit_classes_.begin(), fit_classes_.end(),
+                          [&](const SchedulerOptions& o) { return same_fit(o, spec.scheduler); });
+  if (cls == fit_classes_.end()) cls = fit_classes_.insert(fit_classes_.end(), spec.scheduler);
+  w->fit_class = static_cast<int32_t>(cls - fit_classes_.begin());
   workers_.emplace(spec.id, std::move(w));
-  order_.clear();
-  for (auto& [wid, wk] : workers_) order_.push_back(wk.get());
+  rebuild_order();
   return std::nullopt;
 }
 
@@ -112,62 +167,75 @@ void Batcher::collect(Worker& w) {
 }
 
 Batcher::Worker* Batcher::pick(const Request& r) {
-  std::vector<Worker*>& fit = fit_;
+  // Every request placed here passed check() on some worker (submit), and
+  // all workers serve one model: fits() asks the rest (from their options,
+  // which are their schedulers'), once per class of alike workers.
+  class_fits_.resize(fit_classes_.size());
+  for (size_t k = 0; k < fit_classes_.size(); ++k) class_fits_[k] = Scheduler::fits(fit_classes_[k], r);
+  std::vector<uint32_t>& fit = fit_;  // indices into board_ and order_, in id order
   fit.clear();
-  for (Worker* w : order_) {
-    // Every request placed here passed check() on some worker (submit), and
-    // all workers serve one model: fits() asks the rest (from their options,
-    // which are their schedulers').
-    if (w->state == WorkerState::kActive && Scheduler::fits(w->spec.scheduler, r)) fit.push_back(w);
+  for (size_t i = 0; i < board_.size(); ++i) {
+    const Candidate& c = board_[i];
+    if (c.active && class_fits_[static_cast<size_t>(c.fit_class)]) fit.push_back(static_cast<uint32_t>(i));
   }
   if (fit.empty()) return nullptr;
-  auto less_loaded = [](const Worker* a, const Worker* b) {
-    if (a->load() != b->load()) return a->load() < b->load();
-    return a->sched->allocator().num_free() > b->sched->allocator().num_free();
+  // From the board: the same numbers as the workers' own (refresh()).
+  auto less_loaded = [this](uint32_t a, uint32_t b) {
+    const Candidate& x = board_[a];
+    const Candidate& y = board_[b];
+    if (x.load != y.load) return x.load < y.load;
+    return x.free > y.free;
   };
   switch (options_.placement) {
     case PlacementPolicy::kRoundRobin: {
       // The first fitting worker whose id is >= the cursor, wrapping around.
-      auto it = std::find_if(fit.begin(), fit.end(), [&](const Worker* w) { return w->spec.id >= rr_next_; });
-      Worker* w = it != fit.end() ? *it : fit.front();
-      rr_next_ = w->spec.id + 1;
-      return w;
+      auto it = std::find_if(fit.begin(), fit.end(), [&](uint32_t i) { return board_[i].id >= rr_next_; });
+      const uint32_t i = it != fit.end() ? *it : fit.front();
+      rr_next_ = board_[i].id + 1;
+      return order_[i];
     }
     case PlacementPolicy::kLeastLoaded:
-      return *std::min_element(fit.begin(), fit.end(), less_loaded);
+      return order_[*std::min_element(fit.begin(), fit.end(), less_loaded)];
     case PlacementPolicy::kPrefixAffinity: {
-      std::vector<int32_t> tokens = r.prompt_ids;
-      tokens.insert(tokens.end(), r.output_ids.begin(), r.output_ids.end());
+      // The prompt, then what was generated before (a moved request); no copy without the latter.
+      std::vector<int32_t> joined;
+      if (!r.output_ids.empty()) {
+        joined.reserve(r.prompt_ids.size() + r.output_ids.size());
+        joined = r.prompt_ids;
+        joined.insert(joined.end(), r.output_ids.begin(), r.output_ids.end());
+      }
+      const std::vector<int32_t>& tokens = r.output_ids.empty() ? r.prompt_ids : joined;
       // Only a worker caching the first block can have a hit: the index
       // names them (per block size), the rest have none without asking.
       const std::vector<uint64_t>* holders = nullptr;
       int32_t holders_bs = 0;
-      Worker* best = nullptr;
+      uint32_t best = 0;
       int32_t best_hit = -1;
-      for (Worker* w : fit) {
-        const int32_t bs = w->spec.scheduler.block_size;
+      for (uint32_t i : fit) {
+        const Candidate& c = board_[i];
+        const int32_t bs = fit_classes_[static_cast<size_t>(c.fit_class)].block_size;  // the worker's
         int32_t hit = 0;
         if (tokens.size() > static_cast<size_t>(bs)) {
           if (bs != holders_bs) {
             holders = roots_->holders(tokens.data(), bs);
             holders_bs = bs;
           }
-          if (holders && std::find(holders->begin(), holders->end(), w->spec.id) != holders->end())
-            hit = w->sched->cached_prefix_blocks(tokens);
+          if (holders && std::find(holders->begin(), holders->end(), c.id) != holders->end())
+            hit = order_[i]->sched->cached_prefix_blocks(tokens);
         }
-        if (hit > best_hit || (hit == best_hit && less_loaded(w, best))) {
-          best = w;
+        if (hit > best_hit || (hit == best_hit && less_loaded(i, best))) {
+          best = i;
           best_hit = hit;
         }
       }
-      return best;
+      return order_[best];
     }
   }
-  return fit.front();
+  return order_[fit.front()];
 }
 
 // Queues r on the best worker that can run it; false when none can now.
-bool Batcher::place(Request r, int64_t now) {
+bool Batcher::place(Request& r, int64_t now) {
   (void)now;
   Worker* w = pick(r);
   if (w == nullptr) return false;
@@ -175,6 +243,7 @@ bool Batcher::place(Request r, int64_t now) {
   if (auto err = w->sched->submit(std::move(r))) {
     throw std::logic_error("Batcher: a worker refused a request its check() accepted: " + *err);
   }
+  refresh(*w);
   where_[id] = w->spec.id;
   return true;
 }
@@ -221,8 +290,9 @@ bool Batcher::finish(uint64_t id, FinishReason reason, const std::string& error)
   auto it = where_.find(id);
   if (it == where_.end()) return false;
   if (it->second != 0) {
-    Worker& w = *workers_.at(it->second);
+    Worker& w = *find(it->second);  // where_ names live workers only
     w.sched->finish(id, reason, error);
+    refresh(w);
     collect(w);
     return true;
   }
@@ -268,7 +338,7 @@ bool Batcher::remove_worker(uint64_t id, int64_t now, WorkerExit why) {
   }
   std::unique_ptr<Worker> w = std::move(it->second);
   workers_.erase(it);
-  order_.erase(std::find(order_.begin(), order_.end(), w.get()));
+  rebuild_order();
   roots_->remove_worker(id);
   w->sched->set_root_observer(nullptr);  // its cache is no candidate any more
   move_all(*w, now);                     // the others are the only candidates now
@@ -280,6 +350,7 @@ bool Batcher::drain_worker(uint64_t id) {
   if (it == workers_.end()) return false;
   Worker& w = *it->second;
   w.state = WorkerState::kDraining;
+  refresh(w);
   // Requests it has not started go where they can start; if nowhere, they stay.
   std::vector<uint64_t> waiting;
   for (const auto& [rid, wid] : where_) {
@@ -289,11 +360,13 @@ bool Batcher::drain_worker(uint64_t id) {
   for (uint64_t rid : waiting) {
     std::optional<Request> r = w.sched->extract(rid);
     if (!r) continue;
+    refresh(w);
     Worker* other = pick(*r);
-    Scheduler& to = other == nullptr ? *w.sched : *other->sched;  // nowhere else: it runs here after all
-    if (auto err = to.submit(std::move(*r))) {
+    Worker& to = other == nullptr ? w : *other;  // nowhere else: it runs here after all
+    if (auto err = to.sched->submit(std::move(*r))) {
       throw std::logic_error("Batcher: a worker refused a request it was moved to: " + *err);
     }
+    refresh(to);
     if (other != nullptr) where_[rid] = other->spec.id;
   }
   collect(w);
@@ -301,16 +374,17 @@ bool Batcher::drain_worker(uint64_t id) {
 }
 
 bool Batcher::drained(uint64_t id) const {
-  auto it = workers_.find(id);
-  return it == workers_.end() || !it->second->sched->has_unfinished();
+  const Worker* w = find(id);
+  return w == nullptr || !w->sched->has_unfinished();
 }
 
 std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult& result, int64_t now) {
-  auto it = workers_.find(worker);
-  if (it == workers_.end()) return std::nullopt;  // a late result from a worker already removed
-  Worker& w = *it->second;
+  Worker* found = find(worker);
+  if (found == nullptr) return std::nullopt;  // a late result from a worker already removed
+  Worker& w = *found;
   try {
     w.sched->on_step_done(result);
+    refresh(w);
   } catch (const std::invalid_argument& e) {
     const std::string why =
         "worker " + std::to_string(worker) + " sent a result that does not fit its plan: " + e.what();
@@ -361,8 +435,8 @@ void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
                                    " before its deadline (" + std::to_string(workers_.size()) + " workers)");
     } else if (auto why = refused_by_all(u.request)) {
       fail_unplaced(u.request, *why);
-    } else if (place(u.request, now)) {
-      placed.push_back(where_.at(u.request.id));
+    } else if (const uint64_t id = u.request.id; place(u.request, now)) {
+      placed.push_back(where_.at(id));
     } else {
       unplaced_.push_back(std::move(u));
     }
@@ -379,6 +453,7 @@ void Batcher::plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& o
     }
     out.push_back({id, std::move(plan)});
   }
+  refresh(w);
   collect(w);
 }
 
@@ -404,8 +479,7 @@ void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out)
   std::sort(ids_.begin(), ids_.end());
   ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
   for (uint64_t id : ids_) {
-    auto it = workers_.find(id);
-    if (it != workers_.end()) plan(id, *it->second, now, out);
+    if (Worker* w = find(id)) plan(id, *w, now, out);
   }
 }
 
@@ -453,8 +527,8 @@ uint64_t Batcher::worker_of(uint64_t request_id) const {
 }
 
 const Scheduler* Batcher::scheduler(uint64_t worker) const {
-  auto it = workers_.find(worker);
-  return it == workers_.end() ? nullptr : it->second->sched.get();
+  const Worker* w = find(worker);
+  return w == nullptr ? nullptr : w->sched.get();
 }
 
 }  // namespace troupe::core

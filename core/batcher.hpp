@@ -127,7 +127,7 @@ class Batcher {
   // remove_worker() moves what is left.
   bool drain_worker(uint64_t id);
   bool drained(uint64_t id) const;
-  bool has_worker(uint64_t id) const { return workers_.count(id) != 0; }
+  bool has_worker(uint64_t id) const { return by_id_.count(id) != 0; }
   size_t num_workers() const { return workers_.size(); }
 
   // Queues a request on a worker (placement) or, with no worker able to take
@@ -182,9 +182,28 @@ class Batcher {
   // Which worker holds a request (0 = unplaced or unknown).
   uint64_t worker_of(uint64_t request_id) const;
   const Scheduler* scheduler(uint64_t worker) const;
+  // Throws std::logic_error when placement's copy of a worker's load, free
+  // blocks or state (the board) disagrees with the worker (tests).
+  void check_invariants() const;
 
  private:
   struct Worker;
+  // What placement reads of one worker, kept in one dense array (order_'s
+  // order) so that a pick over many workers reads it in a few cache lines
+  // instead of each worker's scheduler: refresh() copies it after every call
+  // that can change the worker's scheduler.
+  struct Candidate {
+    uint64_t id = 0;        // the worker's
+    int32_t load = 0;       // running + waiting sequences
+    int32_t free = 0;       // free KV blocks
+    int32_t fit_class = 0;  // index into fit_classes_
+    bool active = true;     // WorkerState::kActive
+  };
+  void refresh(const Worker& w);
+  // The worker with this id, or null: by_id_'s lookup (one or two cache
+  // misses where the ordered map's walks its levels; every result asks).
+  Worker* find(uint64_t id) const;
+  void rebuild_order();
   struct Unplaced {
     Request request;
     int64_t deadline = 0;
@@ -194,7 +213,8 @@ class Batcher {
   std::optional<std::string> refused_by_all(const Request& r) const;
   // The final event of a request that never reached a worker.
   void fail_unplaced(const Request& r, const std::string& error, FinishReason reason = FinishReason::kError);
-  bool place(Request r, int64_t now);
+  // Moves from r only when it returns true.
+  bool place(Request& r, int64_t now);
   void move_all(Worker& w, int64_t now);
   // Places (or fails) the requests waiting for a worker; appends the workers
   // that took one to `placed`.
@@ -207,7 +227,13 @@ class Batcher {
   BatcherOptions options_;
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration
   std::vector<Worker*> order_;                           // the same in a vector: placement's scan
-  std::vector<Worker*> fit_;                             // pick()'s buffer
+  std::unordered_map<uint64_t, Worker*> by_id_;          // the same by id, for lookups
+  std::vector<Candidate> board_;                         // parallel to order_
+  // The distinct limits of Scheduler::fits among the workers (one per
+  // cluster of alike workers): a pick asks each class once, not each worker.
+  std::vector<SchedulerOptions> fit_classes_;
+  std::vector<char> class_fits_;                         // pick()'s buffer, per fit class
+  std::vector<uint32_t> fit_;                            // pick()'s buffer: indices into board_
   std::vector<uint64_t> ids_;                            // schedule()'s buffer
   std::vector<Unplaced> unplaced_;                       // in arrival order
   std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)

@@ -41,19 +41,14 @@ BlockAllocator::BlockAllocator(int32_t num_blocks, int32_t block_size, bool enab
     : num_blocks_(num_blocks),
       block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
-      hash_key_(hash_key != 0 ? hash_key : random_key()),
-      hash_fn_(xxh3_block) {
+      hash_key_(hash_key != 0 ? hash_key : random_key()) {
   if (num_blocks < 1) throw std::invalid_argument("BlockAllocator: num_blocks must be >= 1");
   if (block_size < 1) throw std::invalid_argument("BlockAllocator: block_size must be >= 1");
 }
 
-const BlockAllocator::Block& BlockAllocator::at(int32_t block) const {
-  if (block < 0 || block >= num_blocks_) {
-    throw std::out_of_range("BlockAllocator: block " + std::to_string(block) + " is not in [0, " +
-                            std::to_string(num_blocks_) + ")");
-  }
-  static const Block kFresh;  // never handed out: free, uncached
-  return static_cast<size_t>(block) < blocks_.size() ? blocks_[static_cast<size_t>(block)] : kFresh;
+void BlockAllocator::out_of_pool(int32_t block) const {
+  throw std::out_of_range("BlockAllocator: block " + std::to_string(block) + " is not in [0, " +
+                          std::to_string(num_blocks_) + ")");
 }
 
 void BlockAllocator::lru_push_back(int32_t b) {
@@ -86,7 +81,7 @@ void BlockAllocator::uncache(int32_t b) {
   Block& blk = blocks_[static_cast<size_t>(b)];
   by_hash_.erase(blk.hash);
   if (blk.parent < 0 && roots_.erase(blk.hash) && root_observer_)
-    root_observer_(tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_, false);
+    root_observer_(block_tokens(b), false);
   blk.cached = false;
   blk.hash = 0;
   blk.parent = -1;
@@ -106,6 +101,15 @@ int32_t BlockAllocator::allocate() {
     lru_remove(b);
     uncache(b);
     ++evictions_;
+    // The next victim's lines (its block, the name it frees, the block after
+    // it), fetched now: this pool's next eviction comes a step or more later,
+    // after other work, and would otherwise wait on each in turn.
+    if (lru_head_ >= 0) {
+      const Block& next = blocks_[static_cast<size_t>(lru_head_)];  // in cache: lru_remove wrote it
+      by_hash_.prefetch(next.hash);
+      if (next.parent < 0) roots_.prefetch(next.hash);
+      if (next.lru_next >= 0) __builtin_prefetch(&blocks_[static_cast<size_t>(next.lru_next)]);
+    }
   } else {
     return -1;
   }
@@ -142,7 +146,8 @@ void BlockAllocator::share(int32_t block) {
 }
 
 uint64_t BlockAllocator::hash_block(uint64_t parent_hash, const int32_t* tokens) const {
-  return hash_fn_(hash_key_, parent_hash, tokens, block_size_);
+  if (hash_fn_) return hash_fn_(hash_key_, parent_hash, tokens, block_size_);
+  return xxh3_block(hash_key_, parent_hash, tokens, block_size_);
 }
 
 bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_t hash,
@@ -171,17 +176,22 @@ bool BlockAllocator::register_block(int32_t block, int32_t parent_block, uint64_
   blk.hash = hash;
   blk.parent = parent_block;
   blk.parent_gen = parent_gen;
-  const size_t at_end = (static_cast<size_t>(block) + 1) * static_cast<size_t>(block_size_);
-  if (tokens_.size() < at_end) tokens_.resize(at_end);  // grows with the blocks handed out
-  std::copy(tokens, tokens + block_size_, tokens_.begin() + static_cast<ptrdiff_t>(block) * block_size_);
+  std::copy(tokens, tokens + block_size_, block_tokens_for_write(block));
   by_hash_.insert(hash, block);
   if (parent_block < 0 && roots_.insert(hash, block) && root_observer_) root_observer_(tokens, true);
   return true;
 }
 
+int32_t* BlockAllocator::block_tokens_for_write(int32_t b) {
+  const auto chunk = static_cast<size_t>(b / kTokenChunkBlocks);
+  while (token_chunks_.size() <= chunk)  // grows with the blocks handed out
+    token_chunks_.push_back(std::make_unique<int32_t[]>(static_cast<size_t>(kTokenChunkBlocks) * block_size_));
+  return token_chunks_[chunk].get() + static_cast<ptrdiff_t>(b % kTokenChunkBlocks) * block_size_;
+}
+
 bool BlockAllocator::holds(int32_t b, const int32_t* tokens, int32_t parent) const {
   const Block& blk = blocks_[static_cast<size_t>(b)];
-  const int32_t* have = tokens_.data() + static_cast<ptrdiff_t>(b) * block_size_;
+  const int32_t* have = block_tokens(b);
   if (!std::equal(tokens, tokens + block_size_, have)) return false;
   if (blk.parent != parent) return false;
   return parent < 0 || blk.parent_gen == blocks_[static_cast<size_t>(parent)].gen;

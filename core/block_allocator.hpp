@@ -32,9 +32,12 @@
 // Pure bookkeeping: no tensors, no threads. The owner (the scheduler) decides
 // when a block's contents are valid before it registers the block.
 #include <cstdint>
+#include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "core/chunked_array.hpp"
 #include "core/name_index.hpp"
 
 namespace troupe::core {
@@ -97,6 +100,8 @@ class BlockAllocator {
   void prefetch_register(int32_t block, uint64_t hash) const {
     if (block >= 0 && static_cast<size_t>(block) < blocks_.size())
       __builtin_prefetch(&blocks_[static_cast<size_t>(block)]);
+    if (block >= 0 && static_cast<size_t>(block / kTokenChunkBlocks) < token_chunks_.size())
+      __builtin_prefetch(block_tokens(block), 1);  // written there
     by_hash_.prefetch(hash);
   }
   // The longest run of cached blocks for the query's full blocks
@@ -120,7 +125,7 @@ class BlockAllocator {
   int64_t evictions() const { return evictions_; }
 
   // Replaces the hash function (tests: force collisions). Call before any register_block.
-  void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }
+  void set_hash_function(HashFn fn) { hash_fn_ = std::move(fn); }  // (hash_fn_ non-empty: used instead of XXH3)
 
   // Told whenever a first block (no parent) gains its name (cached = true,
   // register_block) or loses it (false: evicted, replaced, cleared), with
@@ -145,7 +150,12 @@ class BlockAllocator {
   };
   // Block `block`'s state (throws std::out_of_range outside the pool); a
   // block never handed out reads as free and uncached.
-  const Block& at(int32_t block) const;
+  const Block& at(int32_t block) const {
+    if (block < 0 || block >= num_blocks_) out_of_pool(block);
+    static const Block kFresh;  // never handed out: free, uncached
+    return static_cast<size_t>(block) < blocks_.size() ? blocks_[static_cast<size_t>(block)] : kFresh;
+  }
+  [[noreturn]] void out_of_pool(int32_t block) const;  // throws std::out_of_range
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void uncache(int32_t b);
@@ -159,14 +169,22 @@ class BlockAllocator {
   int32_t block_size_;
   bool prefix_caching_;
   uint64_t hash_key_;
-  HashFn hash_fn_;
+  HashFn hash_fn_;  // a test's replacement; empty: XXH3 called directly (every block is named)
   RootObserver root_observer_;
   // Blocks are handed out in id order the first time (blocks_ grows by one
   // each), so the pool's bookkeeping, like its KV, follows use: ids from
   // blocks_.size() up were never handed out and are free.
-  std::vector<Block> blocks_;
-  std::vector<int32_t> clean_;   // stack of clean free blocks once used, most recently freed on top
-  std::vector<int32_t> tokens_;  // [block * block_size, +block_size): ids of each cached block
+  ChunkedArray<Block, 256> blocks_;
+  std::vector<int32_t> clean_;  // stack of clean free blocks once used, most recently freed on top
+  // The token ids of each cached block, block_size a block, in chunks of
+  // kTokenChunkBlocks blocks made as blocks are first registered (they never move).
+  static constexpr int32_t kTokenChunkBlocks = 64;
+  std::vector<std::unique_ptr<int32_t[]>> token_chunks_;
+  const int32_t* block_tokens(int32_t b) const {
+    return token_chunks_[static_cast<size_t>(b / kTokenChunkBlocks)].get() +
+           static_cast<ptrdiff_t>(b % kTokenChunkBlocks) * block_size_;
+  }
+  int32_t* block_tokens_for_write(int32_t b);  // makes its chunk (and those before) when missing
   NameIndex by_hash_;
   NameIndex roots_;  // the cached blocks with no parent (a sequence's first), also in by_hash_
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = least recently released

@@ -64,6 +64,11 @@ std::optional<std::string> Scheduler::check(const Request& r) const {
   if (done >= r.max_tokens && !(score_only && done == 0))
     return id() + "already generated max_tokens tokens: nothing left to do";
   auto bad_id = [&](const std::vector<int32_t>& ids, const char* what) -> std::optional<std::string> {
+    // One branch-free pass first (every prompt is checked at submission; it
+    // vectorises), the search for the bad one only when there is one.
+    uint32_t most = 0;  // as unsigned: a negative id is past any vocabulary
+    for (int32_t t : ids) most = std::max(most, static_cast<uint32_t>(t));
+    if (most < static_cast<uint32_t>(options_.vocab_size)) return std::nullopt;
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= options_.vocab_size) {
         return id() + what + " token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
@@ -122,6 +127,7 @@ std::optional<std::string> Scheduler::submit(Request request) {
   s->max_tokens = s->request.max_tokens;
   s->prompt_scored = s->request.prompt_scored;
   s->ignore_eos = s->request.ignore_eos;
+  s->wants_prompt_scores = s->request.sampling.prompt_logprobs >= 0;
   s->arrival = next_arrival_++;
   waiting_.insert(wait_key(*s));
   if (free_slots_.empty()) {
@@ -163,17 +169,17 @@ void Scheduler::erase_running(Sequence& s) {
 }
 
 void Scheduler::add_work(Sequence& s, int32_t n, StepPlan& plan) {
-  SeqWork w;
+  s.plan_index = static_cast<int32_t>(plan.work.size());
+  SeqWork& w = plan.work.emplace_back();  // built in place: one per running sequence per step
   w.seq_id = s.id;
   w.start_pos = s.num_scheduled();
   w.num_tokens = n;
-  w.new_blocks.assign(s.blocks.begin() + s.blocks_sent, s.blocks.end());
+  if (static_cast<size_t>(s.blocks_sent) < s.blocks.size())
+    w.new_blocks.assign(s.blocks.begin() + s.blocks_sent, s.blocks.end());
   w.sample = s.num_scheduled() + n == s.length() && s.max_tokens > 0;  // 0: scoring only
   w.score_rows = s.score_rows(s.num_scheduled(), n);
   s.blocks_sent = static_cast<int32_t>(s.blocks.size());
   s.in_flight.push_back({plan.step_id, n, w.sample});
-  s.plan_index = static_cast<int32_t>(plan.work.size());
-  plan.work.push_back(std::move(w));
   planned_.push_back(&s);
 }
 
@@ -449,7 +455,7 @@ bool Scheduler::append_token(Sequence& s, const SampledToken& tok) {
   ev.kind = EventKind::kToken;
   ev.token_id = tok.id;
   ev.logprob = tok.logprob;
-  ev.top_logprobs = tok.top;
+  if (!tok.top.empty()) ev.top_logprobs = tok.top;  // a new event's is empty
   const auto received = static_cast<int32_t>(s.tokens.size()) - s.num_prompt;
   if (!s.ignore_eos && tok.id == options_.eos_id)
     end(s, FinishReason::kEos, {});
@@ -536,7 +542,7 @@ void Scheduler::on_step_done(const StepResult& result) {
   size_t j = 0;
   if (result.error.empty()) {
     for (const WorkRef& w : rec.work) {
-      if (!w.sample || failed.count(w.seq_id)) continue;
+      if (!w.sample || (!failed.empty() && failed.count(w.seq_id))) continue;
       if (j >= result.outputs.size()) {
         throw std::invalid_argument(who() + "no output for seq " + std::to_string(w.seq_id));
       }
@@ -559,7 +565,7 @@ void Scheduler::on_step_done(const StepResult& result) {
   j = 0;
   for (const WorkRef& w : done.work) {
     const SeqOutput* out = nullptr;
-    if (result.error.empty() && w.sample && !failed.count(w.seq_id)) out = &result.outputs[j++];
+    if (result.error.empty() && w.sample && (failed.empty() || !failed.count(w.seq_id))) out = &result.outputs[j++];
     Sequence* slot = slab_[static_cast<size_t>(w.slot)].get();
     if (slot == nullptr || slot->id != w.seq_id) continue;  // finished, cancelled or moved meanwhile
     Sequence& s = *slot;
@@ -570,9 +576,11 @@ void Scheduler::on_step_done(const StepResult& result) {
       fail(s, "step failed on the worker: " + result.error, /*retryable=*/true);
       continue;
     }
-    if (auto f = failed.find(w.seq_id); f != failed.end()) {
-      fail(s, f->second->error, f->second->retryable);
-      continue;
+    if (!failed.empty()) {
+      if (auto f = failed.find(w.seq_id); f != failed.end()) {
+        fail(s, f->second->error, f->second->retryable);
+        continue;
+      }
     }
     s.num_computed += s.in_flight.front().num_tokens;
     s.in_flight.pop_front();
@@ -587,6 +595,10 @@ void Scheduler::on_step_done(const StepResult& result) {
   }
   spare_record_work_ = std::move(done.work);  // the next step's record
   remove_finished();
+  // The next step's registrations, a whole step ahead: their tokens are all
+  // known now (this step sampled the last ones), their sequences are in
+  // cache, and the prefix cache's lines they need can arrive meanwhile.
+  if (!in_flight_steps_.empty()) prefetch_registrations(in_flight_steps_.front().work);
 }
 
 void Scheduler::check_prompt_scores(const StepResult& result, const StepRecord& rec,

@@ -60,12 +60,17 @@ void Scheduler::check_invariants() const {
     }
     if (s.blocks_sent != static_cast<int32_t>(s.blocks.size())) broken(who + "blocks not sent to the worker");
     uint64_t last_step = 0;
+    int32_t in_flight_tokens = 0, in_flight_sampling = 0;
     for (const auto& f : s.in_flight) {
       if (!step_in_flight(f.step_id) || f.step_id <= last_step || f.num_tokens < 1) {
         broken(who + "stale or disordered in-flight work");
       }
       last_step = f.step_id;
+      in_flight_tokens += f.num_tokens;
+      in_flight_sampling += f.sample ? 1 : 0;
     }
+    if (in_flight_tokens != s.in_flight.num_tokens() || in_flight_sampling != s.in_flight.num_sampling())
+      broken(who + "in-flight sums disagree with the in-flight items");
     if (s.in_flight.empty() && held >= s.length()) broken(who + "running with nothing left to compute");
     if (s.num_registered > s.num_computed / options_.block_size)
       broken(who + "registered an uncomputed block");

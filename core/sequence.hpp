@@ -28,30 +28,40 @@ class InFlightList {
   const InFlight& front() const { return items_[0]; }
   const InFlight* begin() const { return items_; }
   const InFlight* end() const { return items_ + n_; }
+  // Sums over the items, kept as they come and go (every step asks each
+  // running sequence for them, several times).
+  int32_t num_tokens() const { return tokens_; }
+  int32_t num_sampling() const { return sampling_; }
   void push_back(const InFlight& f) {
     if (n_ == kCapacity) throw std::logic_error("Sequence: more than 8 steps in flight");
     items_[n_++] = f;
+    tokens_ += f.num_tokens;
+    sampling_ += f.sample ? 1 : 0;
   }
   void pop_front() {
+    tokens_ -= items_[0].num_tokens;
+    sampling_ -= items_[0].sample ? 1 : 0;
     std::move(items_ + 1, items_ + n_, items_);
     --n_;
   }
-  void clear() { n_ = 0; }
+  void clear() { n_ = tokens_ = sampling_ = 0; }
 
  private:
   int32_t n_ = 0;  // first: beside the oldest item, in the sequence's first cache line
+  int32_t tokens_ = 0, sampling_ = 0;  // sum of num_tokens, count of sample
   InFlight items_[kCapacity];
 };
 
-struct Sequence {
-  enum class State { kWaiting, kRunning };
-  // First the fields every step reads for every work item, together.
+struct alignas(64) Sequence {  // its first line: what every step reads
+  enum class State : uint8_t { kWaiting, kRunning };
+  // First the fields every step reads for every work item, together, up to
+  // the oldest step in flight: one cache line.
   bool finished = false;  // set just before removal
-  bool ignore_eos = false;  // request.ignore_eos, max_tokens and id, copied here at submission:
-  State state = State::kWaiting;  // every step reads them, and `request` lies lines away
+  bool ignore_eos = false;  // request.ignore_eos, max_tokens, id and whether prompt_logprobs
+  State state = State::kWaiting;  // >= 0, copied here at submission: every step reads them,
+  bool wants_prompt_scores = false;  // and `request` lies lines away
   int32_t num_prompt = 0;
   int32_t max_tokens = 0;
-  uint64_t id = 0;
   // KV: tokens [0, num_computed) are in the cache; the steps in `in_flight`
   // (oldest first, at most max_steps_in_flight, one of them possibly the plan
   // being formed) compute the next ones. A sampling step adds a token the
@@ -59,6 +69,7 @@ struct Sequence {
   // result arrives (the worker feeds its own sample). A running sequence holds
   // exactly ceil(num_scheduled() / block_size) blocks; a waiting one none.
   int32_t num_computed = 0;
+  uint64_t id = 0;
   int32_t plan_index = -1;  // work item in the plan being formed, -1 when absent
   int32_t slot = -1;        // in the scheduler's slab
   InFlightList in_flight;
@@ -77,16 +88,8 @@ struct Sequence {
   uint64_t arrival = 0;       // submission order: the policy's tie-break
   Request request;            // prompt_ids and output_ids moved out into `tokens`
 
-  int32_t num_in_flight() const {
-    int32_t n = 0;
-    for (const auto& f : in_flight) n += f.num_tokens;
-    return n;
-  }
-  int32_t num_unknown() const {
-    int32_t n = 0;
-    for (const auto& f : in_flight) n += f.sample ? 1 : 0;
-    return n;
-  }
+  int32_t num_in_flight() const { return in_flight.num_tokens(); }
+  int32_t num_unknown() const { return in_flight.num_sampling(); }
   // Tokens that exist, counting those sampled by steps in flight.
   int32_t length() const { return static_cast<int32_t>(tokens.size()) + num_unknown(); }
   int32_t num_scheduled() const { return num_computed + num_in_flight(); }
@@ -97,11 +100,11 @@ struct Sequence {
   // Asks for prompt logprobs and has not had them all yet: its prompt rows
   // must run (no prefix-cache hit) and their scores come back.
   bool scoring() const {
-    return request.sampling.prompt_logprobs >= 0 && prompt_scored < num_prompt - 1;
+    return wants_prompt_scores && prompt_scored < num_prompt - 1;
   }
   // Of the rows [start, start + n), those whose logits score a prompt token.
   int32_t score_rows(int32_t start, int32_t n) const {
-    return request.sampling.prompt_logprobs < 0 ? 0 : prompt_rows_scored(start, n, num_prompt);
+    return wants_prompt_scores ? prompt_rows_scored(start, n, num_prompt) : 0;
   }
 };
 

@@ -7,9 +7,18 @@
 namespace troupe::cluster::sim {
 namespace {
 
-int32_t token(uint64_t key, uint64_t stream, uint64_t index, int32_t vocab) {
-  const uint64_t h = core::splitmix64(key ^ core::splitmix64(stream ^ core::splitmix64(index)));
+// index_mix = splitmix64(index), from index_mixes().
+int32_t token(uint64_t key, uint64_t stream, uint64_t index_mix, int32_t vocab) {
+  const uint64_t h = core::splitmix64(key ^ core::splitmix64(stream ^ index_mix));
   return static_cast<int32_t>(h % static_cast<uint64_t>(vocab));
+}
+
+// splitmix64(j) for j in [0, n): the same for every prompt, so computed once
+// (per thread: simulations may run on several).
+const std::vector<uint64_t>& index_mixes(size_t n) {
+  thread_local std::vector<uint64_t> mix;
+  while (mix.size() < n) mix.push_back(core::splitmix64(mix.size()));
+  return mix;
 }
 
 }  // namespace
@@ -21,10 +30,11 @@ std::vector<int32_t> build_prompt(const WorkloadRequest& r, uint64_t request_ind
                  shared_key = core::splitmix64(o.seed ^ 0xb10cULL);
   std::vector<int32_t> out(static_cast<size_t>(r.input_len));
   const size_t bt = static_cast<size_t>(o.trace_block_tokens);
+  const std::vector<uint64_t>& mix = index_mixes(out.size());  // j % bt <= j < out.size()
   for (size_t j = 0; j < out.size(); ++j) {
     const size_t b = j / bt;
-    out[j] = b < r.hash_ids.size() ? token(shared_key, r.hash_ids[b], j % bt, o.vocab_size)
-                                   : token(own_key, request_index, j, o.vocab_size);
+    out[j] = b < r.hash_ids.size() ? token(shared_key, r.hash_ids[b], mix[j % bt], o.vocab_size)
+                                   : token(own_key, request_index, mix[j], o.vocab_size);
   }
   return out;
 }

@@ -41,6 +41,7 @@ struct Cluster {
     tables.erase(id);
     pending.erase(id);
     b.remove_worker(id, now);
+    EXPECT_NO_THROW(b.check_invariants());
   }
   // One round: plan everything, run it on the workers, deliver one result per
   // worker (none from a frozen one: its results wait in `pending`).
@@ -75,6 +76,7 @@ struct Cluster {
     }
     now += tick;
     drain();
+    EXPECT_NO_THROW(b.check_invariants());  // placement's board matches the workers
   }
   void drain() {
     for (auto& ev : b.take_events()) {

@@ -131,6 +131,51 @@ TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorker) {
   EXPECT_GT(hits, 40) << "the workload must exercise cache hits";
 }
 
+// Placement reads a board of every worker's load and free blocks, kept by the
+// batcher as it calls the schedulers: it must pick exactly as asking every
+// worker's scheduler would, through submissions, steps, finishes, a drain and
+// a loss, over workers of different limits.
+TEST(Batcher, LeastLoadedPicksAsIfItAskedEveryWorker) {
+  BatcherOptions bo;
+  bo.placement = PlacementPolicy::kLeastLoaded;
+  Cluster c(bo);
+  SchedulerOptions short_ctx = worker_options(/*blocks=*/40), roomy = worker_options(/*blocks=*/28);
+  short_ctx.max_model_len = 24;
+  for (uint64_t id = 1; id <= 6; ++id) c.add(id, id % 2 ? short_ctx : roomy);
+  std::mt19937 rng(11);
+  int checked = 0, too_long_for_some = 0;
+  for (uint64_t id = 1; id <= 240; ++id) {
+    const int32_t prompt = 2 + static_cast<int32_t>(rng() % 20), out = 1 + static_cast<int32_t>(rng() % 8);
+    const Request r = make_request(id, range_tokens(prompt, 100 * static_cast<int32_t>(id)), out);
+    uint64_t want = 0;
+    int32_t want_load = 0, want_free = 0;
+    for (uint64_t w = 1; w <= 6; ++w) {
+      const Scheduler* s = c.b.scheduler(w);
+      if (s == nullptr || !s->fits(r) || (w == 3 && id > 120)) continue;  // 3 drains from request 121
+      const int32_t load = s->num_running() + s->num_waiting(), free = s->allocator().num_free();
+      if (want == 0 || load < want_load || (load == want_load && free > want_free)) {
+        want = w;
+        want_load = load;
+        want_free = free;
+      }
+    }
+    ASSERT_FALSE(c.b.submit(r, c.now));
+    EXPECT_EQ(c.b.worker_of(id), want) << "request " << id;
+    EXPECT_NO_THROW(c.b.check_invariants());
+    ++checked;
+    too_long_for_some += prompt + out > 24;
+    if (id % 4 == 0) c.round();
+    if (id % 37 == 0) c.b.cancel(id - 5);
+    if (id == 120) {
+      ASSERT_TRUE(c.b.drain_worker(3));
+    }
+    if (id == 180) c.lose(4);
+  }
+  c.run();
+  EXPECT_EQ(checked, 240);
+  EXPECT_GT(too_long_for_some, 15) << "the workload must exercise the limits";
+}
+
 TEST(Batcher, ALostWorkersRequestsContinueElsewhereWithNothingRepeatedOrLost) {
   BatcherOptions o;
   o.placement = PlacementPolicy::kRoundRobin;
