@@ -1,4 +1,4 @@
-// Linear's packed GEMM for bfloat16 weights on AVX-512 BF16 (compiled with
+// Linear's packed GEMMs for bfloat16 and int8 weights on AVX-512 BF16 and VNNI (compiled with
 // -march=x86-64-v4 -mavx512bf16 -mavx512vnni; run only when the CPU has them,
 // see cpu_features.hpp: Zen 4/5, Cooper Lake, Sapphire Rapids and later).
 //
@@ -14,7 +14,7 @@
 // Panels of 64 columns as the AVX-512 fp32 kernel's, but each panel row holds
 // a pair of K rows: panel p = [K2 = ceil(K / 2)][64][2] bfloat16, element
 // (r, j, h) = W[2r + h][64p + j], zero past K and past column N
-// (linear_kernel.hpp: bf16_pairs). One 64-byte load is 16 columns x 2 rows:
+// (linear_kernel.hpp: PackedGemmKernel::pairs). One 64-byte load is 16 columns x 2 rows:
 // the operand vdpbf16ps wants. x is rounded into [M][K2] pairs the same way,
 // and one 32-bit broadcast feeds a row's pair to all 16 lanes.
 //
