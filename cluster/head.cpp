@@ -4,7 +4,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 
@@ -68,8 +67,8 @@ class Fatal {
 };
 
 // The local workers the gateway spawns (and restarts): the weights shared per
-// device, each with its own KV pool and threads; the last device's model
-// takes dir.weights themselves (model::weights_for_model: serve's peak RSS).
+// device (model::models_per_device: the last one built takes dir.weights,
+// for serve's peak RSS), each with its own KV pool and threads.
 std::vector<LocalWorker> local_workers(const HeadOptions& o, model::ModelDir& dir,
                                        const core::SchedulerOptions& sched, const std::string& cost) {
   const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
@@ -77,17 +76,10 @@ std::vector<LocalWorker> local_workers(const HeadOptions& o, model::ModelDir& di
   if (devices.empty()) return out;
   const auto budgets = model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()),
                                                   o.threads_per_worker);
-  const std::set<std::string> distinct(devices.begin(), devices.end());
-  std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
+  const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
+  const auto models = model::models_per_device(dir, devices, dtype);
   for (size_t i = 0; i < devices.size(); ++i) {
-    auto& m = models[devices[i]];
-    const model::WeightDtype dtype = model::parse_weight_dtype(o.dtype);
-    if (!m) {
-      const bool last_model = models.size() == distinct.size();
-      m = std::make_shared<model::Gpt2>(dir.config, model::weights_for_model(dir, last_model),
-                                        c10::Device(devices[i]), dtype);
-    }
-    ModelWorkerConfig wc{m, sched.num_blocks, sched.block_size, budgets[i],
+    ModelWorkerConfig wc{models.at(devices[i]), sched.num_blocks, sched.block_size, budgets[i],
                          model::parse_kv_cache_dtype(o.kv_cache_dtype, dtype)};
     out.push_back(
         {devices[i], actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr}, cost});

@@ -6,7 +6,6 @@
 #include <future>
 #include <iostream>
 #include <map>
-#include <set>
 #include <memory>
 
 #include "actors/worker_actor.hpp"
@@ -323,9 +322,8 @@ std::string node_cost(const NodeOptions& o, const std::optional<sim::CostProfile
   return {};
 }
 
-// One worker per device: the model (its weights shared per device; the last
-// device's model takes dir.weights themselves, model::weights_for_model) or,
-// with --emulate, the cost profile's step times.
+// One worker per device: the model (shared per device:
+// model::models_per_device) or, with --emulate, the cost profile's step times.
 NodeWorkers node_workers(const NodeOptions& o, model::ModelDir& dir) {
   const model::Gpt2Config& cfg = dir.config;
   const std::vector<std::string> devices = worker_devices(o.devices, o.workers);
@@ -349,7 +347,8 @@ NodeWorkers node_workers(const NodeOptions& o, model::ModelDir& dir) {
   const uint64_t fingerprint = model::fingerprint(cfg, dir.weights);
   const auto budgets =
       model::split_thread_budget(model::usable_cpus(), static_cast<int>(devices.size()), o.threads_per_worker);
-  std::map<std::string, std::shared_ptr<const model::Gpt2>> models;
+  const auto models = profile ? std::map<std::string, std::shared_ptr<const model::Gpt2>>{}
+                              : model::models_per_device(dir, devices, dtype);
   for (size_t i = 0; i < devices.size(); ++i) {
     ModelWorkerConfig wc{nullptr, nw.blocks, o.block_size, budgets[i], kv_dtype};
     if (profile) {
@@ -357,13 +356,7 @@ NodeWorkers node_workers(const NodeOptions& o, model::ModelDir& dir) {
                               cfg.eos_token_id, o.emulate_time_scale};
       nw.factories.push_back(actors::WorkerParams{[ec] { return make_emulated_runner(ec); }, true, nullptr});
     } else {
-      auto& m = models[devices[i]];
-      if (!m) {
-        const bool last_model = models.size() == std::set<std::string>(devices.begin(), devices.end()).size();
-        m = std::make_shared<model::Gpt2>(cfg, model::weights_for_model(dir, last_model), c10::Device(devices[i]),
-                                          dtype);
-      }
-      wc.model = m;
+      wc.model = models.at(devices[i]);
       nw.factories.push_back(actors::WorkerParams{[wc] { return make_model_runner(wc); }, true, nullptr});
     }
     transport::WorkerInfo info;

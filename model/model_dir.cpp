@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "model/gpt2.hpp"
 #include "model/safetensors.hpp"
 
 namespace troupe::model {
@@ -52,6 +53,21 @@ Gpt2Weights weights_for_model(ModelDir& dir, bool last_model) {
   Gpt2Weights w = std::move(dir.weights);
   dir.weights = {};
   return w;
+}
+
+std::map<std::string, std::shared_ptr<const Gpt2>> models_per_device(ModelDir& dir,
+                                                                     const std::vector<std::string>& devices,
+                                                                     WeightDtype dtype) {
+  std::map<std::string, std::shared_ptr<const Gpt2>> models;
+  for (const std::string& d : devices) models.emplace(d, nullptr);
+  size_t built = 0;
+  for (const std::string& d : devices) {  // in the workers' order
+    auto& m = models[d];
+    if (m) continue;
+    const bool last_model = ++built == models.size();
+    m = std::make_shared<Gpt2>(dir.config, weights_for_model(dir, last_model), c10::Device(d), dtype);
+  }
+  return models;
 }
 
 void release_weights(ModelDir& dir) {

@@ -2,7 +2,10 @@
 // A model folder in Hugging Face's layout: config.json, model.safetensors,
 // vocab.json, merges.txt.
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "model/config.hpp"
 #include "model/text/tokenizer.hpp"
@@ -37,6 +40,15 @@ void release_weights(ModelDir& dir);
 // packs it and loading never holds the loaded weights and a whole packed
 // copy at once.
 Gpt2Weights weights_for_model(ModelDir& dir, bool last_model);
+
+class Gpt2;
+enum class WeightDtype;
+// One model per distinct device of `devices` (a process's workers: those on
+// one device share it), built from dir.weights in `dtype`, the last one
+// taking them (weights_for_model): dir.weights is empty afterwards.
+std::map<std::string, std::shared_ptr<const Gpt2>> models_per_device(ModelDir& dir,
+                                                                     const std::vector<std::string>& devices,
+                                                                     WeightDtype dtype);
 
 // Writes a complete model folder with random weights (init-model). The
 // tokenizer files are copied from `tokenizer_dir`. Deterministic for a seed.

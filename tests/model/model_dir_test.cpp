@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "tiny_model.hpp"
 
@@ -116,6 +117,19 @@ TEST(ModelDir, TheLastModelTakesTheLoadedWeights) {
   EXPECT_EQ(taken.layers.size(), copy.layers.size());
   EXPECT_FALSE(dir.weights.wte.defined()) << "the folder holds nothing after the last model";
   EXPECT_TRUE(dir.weights.layers.empty());
+}
+
+// A process's workers on one device share one model, built from the folder,
+// which holds no weights afterwards.
+TEST(ModelDir, WorkersOnOneDeviceShareOneModel) {
+  testing::internal::CaptureStderr();  // the random-weights banner
+  ModelDir dir = load_model_dir(test::tiny_model_dir());
+  testing::internal::GetCapturedStderr();
+  const auto models = models_per_device(dir, {"cpu", "cpu", "cpu"}, WeightDtype::kFloat32);
+  ASSERT_EQ(models.size(), 1u);
+  ASSERT_NE(models.at("cpu"), nullptr);
+  EXPECT_EQ(models.at("cpu")->config().n_layer, dir.config.n_layer);
+  EXPECT_FALSE(dir.weights.wte.defined()) << "the last model took the loaded weights";
 }
 
 TEST(ModelDir, MissingFilesAreNamedWithTheWayOut) {
