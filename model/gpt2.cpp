@@ -11,6 +11,7 @@
 
 #include "model/paged_attention.hpp"
 #include "model/paged_kv_cache.hpp"
+#include "model/safetensors.hpp"
 
 namespace troupe::model {
 namespace {
@@ -76,7 +77,9 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device, 
   // of 32 inputs of each); wpe stays fp32, as the vectors do: 3 MB of which a
   // step reads only its positions' rows).
   auto linear = [&](const torch::Tensor& w, WeightLayout layout) {
-    return Linear(to_device(w, device), layout, kernel_isa(), dtype);
+    Linear packed(to_device(w, device), layout, kernel_isa(), dtype);
+    release_mapped_pages(w);  // a matrix still in its file (shared weights): its pages leave memory once read
+    return packed;
   };
   head_ = linear(weights.wte, WeightLayout::kOutIn);
   weights.wte = torch::Tensor();

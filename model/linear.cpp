@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include "model/linear_kernel.hpp"
+#include "model/safetensors.hpp"
 
 namespace troupe::model {
 namespace {
@@ -61,6 +62,14 @@ struct Int8Weight {
 constexpr int64_t kQuantizeBlock = 4096;
 
 // Per output channel (see quantize_int8_per_channel).
+// A source still in its mapped file (SafetensorsFile::map_float) lets go of
+// the pages of the channels just quantized when they lie together (wte, [out,
+// in]: 147 MiB of GPT-2's file is then never resident at once).
+void done_with_channels(const torch::Tensor& t, int64_t out_dim, int64_t n0, int64_t nb) {
+  const torch::Tensor part = t.narrow(out_dim, n0, nb);
+  if (part.is_contiguous()) release_mapped_pages(part);
+}
+
 Int8Weight quantize_int8(const torch::Tensor& t_in, WeightLayout layout) {
   const int64_t in_dim = layout == WeightLayout::kInOut ? 0 : 1, out_dim = 1 - in_dim;
   const int64_t N = t_in.size(out_dim);
@@ -75,6 +84,7 @@ Int8Weight quantize_int8(const torch::Tensor& t_in, WeightLayout layout) {
     q.round_().clamp_(-127, 127);  // round: to nearest, ties to even
     out.q.narrow(out_dim, n0, nb).copy_(q);
     out.scale.narrow(0, n0, nb).copy_(scale.reshape({-1}));
+    done_with_channels(t_in, out_dim, n0, nb);
   }
   return out;
 }
@@ -97,6 +107,7 @@ Int8Weight quantize_int8_g32(const torch::Tensor& t_in, WeightLayout layout) {
     q.round_().clamp_(-127, 127);
     out.q.narrow(1, n0, nb).copy_(q.view({G * kInt8Group, nb}).narrow(0, 0, K));
     out.scale.narrow(1, n0, nb).copy_(scale.view({G, nb}));
+    done_with_channels(t_in, layout == WeightLayout::kInOut ? 1 : 0, n0, nb);
   }
   return out;
 }

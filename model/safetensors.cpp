@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include <c10/util/strides.h>
 #include <nlohmann/json.hpp>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -51,6 +52,47 @@ struct SafetensorsFile::Mapping {
     if (data) munmap(const_cast<unsigned char*>(data), size);
   }
 };
+
+namespace {
+
+// madvise(MADV_DONTNEED) on the pages wholly inside [begin, end) of a
+// read-only private file mapping: they leave the resident set, their contents
+// stay the file's.
+void drop_pages(const unsigned char* begin, const unsigned char* end) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(end) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+// The storage context of a map_float() tensor: its bytes and the mapping they
+// live in. Its deleter is how release_mapped_pages() knows such a tensor.
+struct MappedBytes {
+  std::shared_ptr<const void> mapping;
+  const unsigned char* begin;
+  const unsigned char* end;
+};
+
+void free_mapped_bytes(void* ctx) {
+  auto* m = static_cast<MappedBytes*>(ctx);
+  drop_pages(m->begin, m->end);
+  delete m;
+}
+
+}  // namespace
+
+void release_mapped_pages(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.numel() == 0) return;
+  const c10::DataPtr& p = t.storage().data_ptr();
+  if (p.get_deleter() != &free_mapped_bytes) return;
+  const auto* m = static_cast<const MappedBytes*>(p.get_context());
+  // The bytes this view spans (first to last element), within the mapping.
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto* first = static_cast<const unsigned char*>(t.data_ptr());
+  const unsigned char* end = first + (last + 1) * static_cast<int64_t>(t.element_size());
+  drop_pages(std::max(first, m->begin), std::min(end, m->end));
+}
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& what) { throw std::runtime_error(path + ": " + what); };
@@ -196,12 +238,22 @@ torch::Tensor SafetensorsFile::to_float(const std::string& name) const {
     // The copy is what the caller keeps: the mapped pages it came from leave
     // this process's memory (the page cache keeps them; a second read faults
     // them back in), so a model's file and its copy never count twice.
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(map_->data + e.begin) + page - 1) / page * page;
-    const uintptr_t hi = reinterpret_cast<uintptr_t>(map_->data + e.end) / page * page;
-    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    drop_pages(map_->data + e.begin, map_->data + e.end);
   }
   return raw == torch::kFloat32 ? t : t.to(torch::kFloat32);
+}
+
+torch::Tensor SafetensorsFile::map_float(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  const unsigned char* begin = map_->data + e.begin;
+  if (e.dtype != "F32" || e.end == e.begin || reinterpret_cast<uintptr_t>(begin) % alignof(float) != 0)
+    return to_float(name);
+  const size_t bytes = e.end - e.begin;
+  auto* ctx = new MappedBytes{map_, begin, begin + bytes};
+  c10::DataPtr ptr(const_cast<unsigned char*>(begin), ctx, &free_mapped_bytes, c10::Device(c10::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return torch::empty({0}, torch::kFloat32).set_(storage, 0, e.shape, c10::contiguous_strides(e.shape));
 }
 
 void write_safetensors(const std::string& path,

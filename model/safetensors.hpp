@@ -44,6 +44,13 @@ class SafetensorsFile {
   // converted exactly); it does not keep the mapping alive. Throws
   // std::runtime_error for another dtype.
   torch::Tensor to_float(const std::string& name) const;
+  // An fp32 tensor over the mapped bytes themselves, without a copy, for F32
+  // data aligned for floats (else to_float's copy). Read-only memory: writing
+  // to it faults. It keeps the mapping alive; when its storage is freed, or
+  // release_mapped_pages() is called on it, its pages leave this process's
+  // resident memory (the page cache keeps them). So a loader that packs one
+  // matrix at a time holds one matrix of the file, not the whole file.
+  torch::Tensor map_float(const std::string& name) const;
 
  private:
   struct Mapping;
@@ -53,6 +60,12 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+// Drops the resident pages under a tensor of map_float(), or a view of one
+// (the pages wholly inside the bytes it spans; a later read faults them back
+// from the page cache): for a caller that has read or copied it and keeps it.
+// Does nothing for any other tensor. Never changes what the tensor reads.
+void release_mapped_pages(const torch::Tensor& t);
 
 // Writes the tensors as F32 (converted to fp32 and copied to the CPU first) in
 // the given order, with optional "__metadata__". Writes `path`.tmp and renames

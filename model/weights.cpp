@@ -1,5 +1,6 @@
 #include "model/weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -78,7 +79,11 @@ Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Con
          "ln_1.weight); config.json and model.safetensors come from different models");
   }
 
-  const auto get = [&](const std::string& name, std::vector<int64_t> want) {
+  // The matrices a model packs (wte, the four per block: all but 3 MB of
+  // GPT-2's bytes) stay in the mapped file until it packs them
+  // (SafetensorsFile::map_float), so loading never holds them all on the heap.
+  // What a model keeps as loaded (wpe, the vectors) is copied.
+  const auto get = [&](const std::string& name, std::vector<int64_t> want, bool packed = false) {
     const std::string key = find_name(file, name);
     if (key.empty()) {
       fail("tensor \"" + name + "\" (or \"transformer." + name + "\") is missing; expected shape " +
@@ -89,12 +94,12 @@ Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Con
       fail("tensor \"" + key + "\" has shape " + shape_str(e.shape) + ", expected " + shape_str(want) +
            " (from config.json)");
     }
-    return file.to_float(key);
+    return packed ? file.map_float(key) : file.to_float(key);
   };
 
   const int64_t E = config.n_embd;
   Gpt2Weights w;
-  w.wte = get("wte.weight", {config.vocab_size, E});
+  w.wte = get("wte.weight", {config.vocab_size, E}, true);
   w.wpe = get("wpe.weight", {config.n_positions, E});
   w.layers.resize(config.n_layer);
   for (size_t i = 0; i < w.layers.size(); ++i) {
@@ -102,15 +107,15 @@ Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Con
     const std::string p = layer_prefix(i);
     l.ln_1_weight = get(p + "ln_1.weight", {E});
     l.ln_1_bias = get(p + "ln_1.bias", {E});
-    l.attn_c_attn_weight = get(p + "attn.c_attn.weight", {E, 3 * E});
+    l.attn_c_attn_weight = get(p + "attn.c_attn.weight", {E, 3 * E}, true);
     l.attn_c_attn_bias = get(p + "attn.c_attn.bias", {3 * E});
-    l.attn_c_proj_weight = get(p + "attn.c_proj.weight", {E, E});
+    l.attn_c_proj_weight = get(p + "attn.c_proj.weight", {E, E}, true);
     l.attn_c_proj_bias = get(p + "attn.c_proj.bias", {E});
     l.ln_2_weight = get(p + "ln_2.weight", {E});
     l.ln_2_bias = get(p + "ln_2.bias", {E});
-    l.mlp_c_fc_weight = get(p + "mlp.c_fc.weight", {E, 4 * E});
+    l.mlp_c_fc_weight = get(p + "mlp.c_fc.weight", {E, 4 * E}, true);
     l.mlp_c_fc_bias = get(p + "mlp.c_fc.bias", {4 * E});
-    l.mlp_c_proj_weight = get(p + "mlp.c_proj.weight", {4 * E, E});
+    l.mlp_c_proj_weight = get(p + "mlp.c_proj.weight", {4 * E, E}, true);
     l.mlp_c_proj_bias = get(p + "mlp.c_proj.bias", {E});
   }
   w.ln_f_weight = get("ln_f.weight", {E});
@@ -205,8 +210,15 @@ uint64_t fingerprint(const Gpt2Config& config, const Gpt2Weights& weights) {
   XXH3_64bits_update(state, &config.layer_norm_epsilon, sizeof config.layer_norm_epsilon);
   for (const auto& [name, tensor] : weights.named()) {
     XXH3_64bits_update(state, name.data(), name.size());
-    const torch::Tensor t = tensor.to(torch::kCPU, torch::kFloat32).contiguous();
-    XXH3_64bits_update(state, t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+    const torch::Tensor t = tensor.to(torch::kCPU, torch::kFloat32).contiguous().view({-1});
+    // In pieces of 4 MiB, each let go once read: a weight still in its file
+    // (map_float) is not made resident whole by being hashed.
+    constexpr int64_t kPiece = (4 << 20) / sizeof(float);
+    for (int64_t i = 0; i < t.numel(); i += kPiece) {
+      const torch::Tensor piece = t.narrow(0, i, std::min(kPiece, t.numel() - i));
+      XXH3_64bits_update(state, piece.data_ptr<float>(), static_cast<size_t>(piece.numel()) * sizeof(float));
+      release_mapped_pages(piece);
+    }
   }
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);

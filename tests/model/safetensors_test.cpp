@@ -111,6 +111,83 @@ TEST(Safetensors, ReadingAgainAfterItsPagesWereDroppedGivesTheSame) {
   }
 }
 
+// This process's resident pages of files (RssFile), in KiB.
+int64_t rss_file_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  return -1;
+}
+
+// map_float reads the file's bytes in place: the same values as to_float's
+// copy, for any shape, and for views of it.
+TEST(Safetensors, MapFloatReadsWhatToFloatCopies) {
+  test::TempDir dir;
+  const torch::Tensor a = torch::randn({37, 129});
+  const torch::Tensor b = torch::randn({5});
+  write_safetensors(dir.file("m.safetensors"), {{"b", b}, {"a", a}});
+  torch::Tensor mapped;
+  {
+    SafetensorsFile f(dir.file("m.safetensors"));
+    mapped = f.map_float("a");
+    EXPECT_TRUE(torch::equal(mapped, f.to_float("a")));
+    EXPECT_TRUE(torch::equal(f.map_float("b"), b));
+  }
+  // It keeps the mapping alive past the file object; dropping its pages, or a
+  // view's, changes nothing it reads.
+  EXPECT_TRUE(torch::equal(mapped, a));
+  release_mapped_pages(mapped.narrow(0, 3, 20));
+  release_mapped_pages(mapped);
+  EXPECT_TRUE(torch::equal(mapped, a));
+  EXPECT_TRUE(torch::equal(mapped.t().contiguous(), a.t().contiguous()));
+  // Not a mapped tensor: nothing happens to it.
+  torch::Tensor heap = a.clone();
+  release_mapped_pages(heap);
+  release_mapped_pages(torch::Tensor());
+  EXPECT_TRUE(torch::equal(heap, a));
+}
+
+// F16 / BF16 data, or F32 data not aligned for floats (a header whose length
+// leaves the data at an odd offset), is converted or copied instead.
+TEST(Safetensors, MapFloatCopiesWhatItCannotMap) {
+  test::TempDir dir;
+  const float v[3] = {1.5f, -2.0f, 0.25f};
+  const std::string header = R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})";  // 8 + an odd length
+  ASSERT_EQ(header.size() % 2, 1u);
+  SafetensorsFile odd(write_raw(dir, header, bytes_of(v, 12)));
+  EXPECT_TRUE(torch::equal(odd.map_float("x"), torch::tensor({1.5f, -2.0f, 0.25f})));
+  const uint16_t h[2] = {0x3C00, 0xC000};  // F16 1, -2
+  SafetensorsFile f16(write_raw(dir, R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", bytes_of(h, 4),
+                                "h.safetensors"));
+  EXPECT_TRUE(torch::equal(f16.map_float("h"), torch::tensor({1.0f, -2.0f})));
+}
+
+// What map_float is for: a matrix read through it is resident while it is
+// read and leaves memory when released or freed; the heap never holds it.
+TEST(Safetensors, MappedPagesLeaveMemoryWhenReleasedOrFreed) {
+  test::TempDir dir;
+  const torch::Tensor big = torch::randn({4096, 4096});  // 64 MiB
+  write_safetensors(dir.file("m.safetensors"), {{"w", big}});
+  SafetensorsFile f(dir.file("m.safetensors"));
+  const double want = big.sum().item<double>();
+  const int64_t before = rss_file_kib();
+  ASSERT_GT(before, 0);
+  {
+    const torch::Tensor w = f.map_float("w");
+    EXPECT_EQ(w.sum().item<double>(), want);  // every page read
+    EXPECT_GT(rss_file_kib() - before, 56 << 10);
+    release_mapped_pages(w.narrow(0, 0, 2048));  // the first half
+    const int64_t half = rss_file_kib() - before;
+    EXPECT_GT(half, 24 << 10);
+    EXPECT_LT(half, 40 << 10);
+    release_mapped_pages(w);
+    EXPECT_LT(rss_file_kib() - before, 8 << 10);
+    EXPECT_EQ(w.sum().item<double>(), want);  // read again: the same
+    EXPECT_GT(rss_file_kib() - before, 56 << 10);
+  }  // freed: its pages go
+  EXPECT_LT(rss_file_kib() - before, 8 << 10);
+}
+
 TEST(Safetensors, WriterRejectsBadNames) {
   test::TempDir dir;
   const torch::Tensor t = torch::zeros({2});

@@ -120,6 +120,23 @@ TEST(Weights, FingerprintNamesTheModel) {
   EXPECT_NE(fingerprint(cfg, a), fingerprint(eps, a));
 }
 
+// fingerprint hashes each weight in pieces of 4 MiB: a wte of several pieces
+// loaded from its file names the model as the same weights on the heap do,
+// and one float changed in a later piece changes the name.
+TEST(Weights, FingerprintOfAWeightInPiecesFromItsFile) {
+  test::TempDir dir;
+  Gpt2Config c = small_config();
+  c.vocab_size = 3 * (1 << 20) / c.n_embd + 7;  // wte: 12 MiB and a bit, four pieces
+  const Gpt2Weights w = Gpt2Weights::random(c, 5);
+  write_safetensors(dir.file("m.safetensors"), w.named());
+  const Gpt2Weights loaded = Gpt2Weights::load(dir.file("m.safetensors"), c);
+  EXPECT_EQ(fingerprint(c, loaded), fingerprint(c, w));
+  expect_same(w, loaded);  // and still reads the same after its pages were let go
+  Gpt2Weights d = Gpt2Weights::random(c, 5);
+  d.wte[c.vocab_size - 2][1] += 1e-6f;
+  EXPECT_NE(fingerprint(c, d), fingerprint(c, loaded));
+}
+
 TEST(Weights, RandomRejectsImpossibleConfig) {
   Gpt2Config c = small_config();
   c.n_head = 3;
@@ -132,6 +149,8 @@ TEST(Weights, LoadRoundTripWithAndWithoutPrefix) {
   const Gpt2Weights w = Gpt2Weights::random(c, 3);
   write_safetensors(dir.file("plain.safetensors"), w.named());
   expect_same(w, Gpt2Weights::load(dir.file("plain.safetensors"), c));
+  // The matrices are read from the mapped file (map_float), in pieces when hashed.
+  EXPECT_EQ(fingerprint(c, Gpt2Weights::load(dir.file("plain.safetensors"), c)), fingerprint(c, w));
 
   // GPT2LMHeadModel's names: "transformer." prefix, lm_head.weight, attn.bias buffers.
   std::vector<std::pair<std::string, torch::Tensor>> hf;
