@@ -84,11 +84,13 @@ int run_roofline(const ProfileFlags& f) {
   m.vocab_size = cfg.vocab_size;
   m.eos_token_id = cfg.eos_token_id;
   const std::string dtype = model::to_string(model::parse_weight_dtype(f.dtype));
-  if (f.kv_cache_dtype != "auto" &&
-      model::to_string(model::parse_kv_cache_dtype(f.kv_cache_dtype, model::parse_weight_dtype(f.dtype))) != dtype)
-    throw std::invalid_argument("--roofline counts the K/V in the weights' dtype: drop --kv-cache-dtype");
+  // auto: the weights' dtype, bfloat16 for the int8 kinds (roofline_kv_dtype).
+  const std::string kv_dtype =
+      f.kv_cache_dtype == "auto"
+          ? cluster::sim::roofline_kv_dtype(dtype)
+          : model::to_string(model::parse_kv_cache_dtype(f.kv_cache_dtype, model::parse_weight_dtype(f.dtype)));
   const cluster::sim::CostProfile p =
-      cluster::sim::roofline_profile(spec, m, dtype, f.options.block_size, f.options.seed);
+      cluster::sim::roofline_profile(spec, m, dtype, f.options.block_size, f.options.seed, kv_dtype);
   cluster::sim::write_cost_profile(f.out, p);
   std::printf("%s: %s, GPT-2 of %d layers, %d wide, %s: a PREDICTION from published limits (%s)\n", f.out.c_str(),
               spec.name.c_str(), m.n_layer, m.n_embd, dtype.c_str(), p.thread_summary.c_str());
@@ -189,7 +191,9 @@ void add_profile_command(CLI::App& app, Registry& registry) {
                   "(troupe serve --step-log), so that it predicts steps as served");
   sub->add_option("--roofline", f->roofline,
                   "Measure nothing: predict the profile of a device from its published limits (a spec YAML, "
-                  "docs/profiles/specs/) for --model's or --preset's shape and --dtype");
+                  "docs/profiles/specs/) for --model's or --preset's shape, --dtype or --quantization (int8: int8 x "
+                  "int8 products at the spec's int8_tops) and --kv-cache-dtype (auto: the weights' dtype, "
+                  "bfloat16 for int8)");
   sub->add_option("--against", f->against,
                   "With --roofline: compare it with measured steps (a cost profile's points, or "
                   "bench/gpu/gpt2_steps.py's CSV) per class of step, instead of writing a profile");

@@ -39,11 +39,28 @@ double number(const YAML::Node& root, const std::string& path, const char* key, 
   return v;
 }
 
-// Bytes of one stored value.
+bool is_int8(const std::string& dtype) { return dtype == "int8" || dtype == "int8_g32"; }
+
+// Bytes of one stored activation or K/V value.
 double value_bytes(const std::string& dtype) {
   if (dtype == "float32") return 4;
-  if (dtype == "bfloat16") return 2;
-  throw std::invalid_argument("roofline: dtype '" + dtype + "': expected float32 or bfloat16");
+  if (dtype == "bfloat16" || is_int8(dtype)) return 2;
+  throw std::invalid_argument("roofline: dtype '" + dtype + "': expected float32, bfloat16, int8 or int8_g32");
+}
+
+// Bytes per weight of a matrix [K inputs, N outputs]: its values and scales.
+double matrix_weight_bytes(const std::string& dtype, double K) {
+  if (dtype == "int8") return 1 + 4 / K;  // an fp32 scale per output channel
+  if (dtype == "int8_g32") return 1 + 4.0 / 32;
+  return value_bytes(dtype);
+}
+
+// The spec's peak for the weight matrices' products, and for the rest (attention), TFLOP/s.
+double matrix_peak(const RooflineSpec& s, const std::string& dtype) {
+  return is_int8(dtype) ? s.int8_tops : dtype == "bfloat16" ? s.bf16_tflops : s.fp32_tflops;
+}
+double other_peak(const RooflineSpec& s, const std::string& dtype) {
+  return dtype == "float32" ? s.fp32_tflops : s.bf16_tflops;
 }
 
 // Queries of a prefill chunk that share one read of its keys and values (a
@@ -78,7 +95,7 @@ RooflineSpec read_roofline_spec(const std::string& path) {
   }
   if (!root.IsMap()) bad(path, "expected a map of fields");
   static const std::set<std::string> keys = {"name",         "kind",
-                                             "fp32_tflops",  "bf16_tflops",
+                                             "fp32_tflops",  "bf16_tflops", "int8_tops",
                                              "memory_gbs",   "compute_efficiency",
                                              "bandwidth_efficiency", "step_overhead_us", "layer_overhead_us",
                                              "sources",      "notes"};
@@ -93,6 +110,7 @@ RooflineSpec read_roofline_spec(const std::string& path) {
   if (s.kind != "gpu" && s.kind != "cpu") bad(path, "'kind' must be gpu or cpu");
   s.fp32_tflops = number(root, path, "fp32_tflops", 0, 1e6);
   s.bf16_tflops = number(root, path, "bf16_tflops", 0, 1e6, false, 0);
+  s.int8_tops = number(root, path, "int8_tops", 0, 1e6, false, 0);
   s.memory_gbs = number(root, path, "memory_gbs", 1e-3, 1e7);
   s.compute_efficiency = number(root, path, "compute_efficiency", 1e-3, 1);
   s.bandwidth_efficiency = number(root, path, "bandwidth_efficiency", 1e-3, 1);
@@ -106,30 +124,49 @@ RooflineSpec read_roofline_spec(const std::string& path) {
   return s;
 }
 
-StepWork roofline_work(const ModelShape& m, const std::string& dtype, const StepShape& shape) {
+StepWork roofline_work(const ModelShape& m, const std::string& dtype, const StepShape& shape,
+                       const std::string& kv_dtype) {
   const double b = value_bytes(dtype);
+  const double kv_b = value_bytes(kv_dtype.empty() ? roofline_kv_dtype(dtype) : kv_dtype);
   const double E = m.n_embd, L = m.n_layer, V = m.vocab_size, P = m.n_positions;
   const double T = static_cast<double>(shape.tokens), S = shape.sample_rows;
   const double pairs = static_cast<double>(shape.decode_pairs + shape.prefill_pairs);
   StepWork w;
   // The four matrices per layer (12E^2 per token), the LM head per sampled
   // row, q.k and p.v per query-key pair and layer (2E each).
-  w.flops = 2.0 * 12 * E * E * L * T + 2.0 * E * V * S + 4.0 * E * L * pairs;
-  const double weights = (12 * E * E + 13 * E) * L + V * E + P * E;  // matrices, biases, norms; wte; wpe
-  const double kv_per_token = 2 * E * L * b;
+  w.matrix_flops = 2.0 * 12 * E * E * L * T + 2.0 * E * V * S;
+  w.flops = w.matrix_flops + 4.0 * E * L * pairs;
+  // Matrices (c_attn, c_proj: E inputs; c_fc: E; its projection: 4E) and the
+  // tied wte (E inputs a row) in the weights' dtype; biases, norms and wpe as values.
+  const double weights = (8 * E * E * matrix_weight_bytes(dtype, E) + 4 * E * E * matrix_weight_bytes(dtype, 4 * E)) * L +
+                         V * E * matrix_weight_bytes(dtype, E) + (13 * E * L + P * E) * b;
+  const double kv_per_token = 2 * E * L * kv_b;
   const double kv_read = static_cast<double>(shape.decode_pairs) * kv_per_token +
                          static_cast<double>(shape.prefill_pairs) / kQueryTile * kv_per_token;
-  w.bytes = weights * b + kv_read + T * kv_per_token /* written */ + T * kActivationValues * E * L * b +
+  w.bytes = weights + kv_read + T * kv_per_token /* written */ + T * kActivationValues * E * L * b +
             S * V * 4 /* fp32 logits */;
   return w;
 }
 
-double roofline_ns(const RooflineSpec& s, const ModelShape& m, const std::string& dtype, const StepShape& shape) {
-  const double tflops = dtype == "bfloat16" ? s.bf16_tflops : s.fp32_tflops;
-  if (tflops <= 0) throw std::invalid_argument("roofline: " + s.name + " has no " + dtype + " peak in its spec");
+std::string roofline_kv_dtype(const std::string& dtype) {
+  value_bytes(dtype);  // names an unknown dtype
+  return dtype == "float32" ? "float32" : "bfloat16";
+}
+
+double roofline_ns(const RooflineSpec& s, const ModelShape& m, const std::string& dtype, const StepShape& shape,
+                   const std::string& kv_dtype) {
+  const double matrix_tflops = matrix_peak(s, dtype), other_tflops = other_peak(s, dtype);
+  if (matrix_tflops <= 0 || other_tflops <= 0)
+    throw std::invalid_argument("roofline: " + s.name + " has no " +
+                                (is_int8(dtype) && matrix_tflops <= 0 ? std::string("int8") : roofline_kv_dtype(dtype)) +
+                                " peak in its spec");
   if (shape.tokens <= 0) return 0;
-  const StepWork w = roofline_work(m, dtype, shape);
-  const double compute_ns = w.flops / (tflops * 1e12 * s.compute_efficiency) * 1e9;
+  const StepWork w = roofline_work(m, dtype, shape, kv_dtype);
+  const double compute_ns =
+      matrix_tflops == other_tflops
+          ? w.flops / (matrix_tflops * 1e12 * s.compute_efficiency) * 1e9
+          : (w.matrix_flops / matrix_tflops + (w.flops - w.matrix_flops) / other_tflops) /
+                (1e12 * s.compute_efficiency) * 1e9;
   const double memory_ns = w.bytes / (s.memory_gbs * 1e9 * s.bandwidth_efficiency) * 1e9;
   return std::max(compute_ns, memory_ns) + (s.step_overhead_us + s.layer_overhead_us * m.n_layer) * 1e3;
 }
@@ -156,7 +193,7 @@ std::vector<RooflineError> roofline_errors(const RooflineSpec& spec, const std::
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by;  // class -> (abs, signed)
   for (const MeasuredShape& s : steps) {
     if (s.ns <= 0) continue;
-    const double e = (roofline_ns(spec, s.model, s.dtype, s.shape) - s.ns) / s.ns * 100;
+    const double e = (roofline_ns(spec, s.model, s.dtype, s.shape, s.kv_dtype) - s.ns) / s.ns * 100;
     for (const std::string& c : {s.step_class, std::string("all")}) {
       by[c].first.push_back(std::fabs(e));
       by[c].second.push_back(e);
@@ -174,7 +211,8 @@ std::vector<MeasuredShape> measured_steps(const CostProfile& p) {
   for (const auto* set : {&p.fit_points, &p.heldout_points}) {
     for (const MeasuredStep& m : *set) {
       const bool pre = m.prefill_seqs > 0, dec = m.decode_seqs > 0;
-      out.push_back({pre && dec ? "mixed" : pre ? "prefill" : "decode", p.model, p.dtype, m.sample.shape, m.sample.ns});
+      out.push_back({pre && dec ? "mixed" : pre ? "prefill" : "decode", p.model, p.dtype, p.kv_cache_dtype,
+                     m.sample.shape, m.sample.ns});
     }
   }
   return out;
@@ -231,11 +269,12 @@ std::vector<MeasuredShape> measured_steps_csv(const std::string& path) {
 }
 
 CostProfile roofline_profile(const RooflineSpec& s, const ModelShape& m, const std::string& dtype,
-                             int32_t block_size, uint64_t seed) {
+                             int32_t block_size, uint64_t seed, const std::string& kv_dtype_in) {
+  const std::string kv_dtype = kv_dtype_in.empty() ? roofline_kv_dtype(dtype) : kv_dtype_in;
   if (block_size < 1) throw std::invalid_argument("roofline: block_size must be >= 1");
   CostProfile p;
   const int32_t max_tokens = 2048, max_ctx = m.n_positions;
-  auto time = [&](const StepShape& sh) { return roofline_ns(s, m, dtype, sh); };
+  auto time = [&](const StepShape& sh) { return roofline_ns(s, m, dtype, sh, kv_dtype); };
   // Prefill chunks from the start and after a cached prefix.
   for (int32_t n = 1; n <= std::min(max_tokens, max_ctx); n *= 2) {
     for (int32_t start : {0, max_ctx / 2}) {
@@ -277,19 +316,19 @@ CostProfile roofline_profile(const RooflineSpec& s, const ModelShape& m, const s
   refit(p, RepStat::kMin);
   p.device = s.kind == "gpu" ? "roofline-gpu" : "roofline-cpu";
   p.dtype = dtype;
-  p.kv_cache_dtype = dtype;
+  p.kv_cache_dtype = kv_dtype;
   p.processor = s.name + " (roofline prediction, not a measurement)";
   p.threads = 0;
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "roofline: %g TFLOP/s x %g, %g GB/s x %g, + %g us per step + %g us per layer",
-                dtype == "bfloat16" ? s.bf16_tflops : s.fp32_tflops, s.compute_efficiency, s.memory_gbs,
+                matrix_peak(s, dtype), s.compute_efficiency, s.memory_gbs,
                 s.bandwidth_efficiency, s.step_overhead_us, s.layer_overhead_us);
   p.thread_summary = summary;
   p.libraries = {{"troupe_cost_model", std::to_string(CostProfile::kVersion)}, {"roofline", s.name}};
   p.model = m;
   p.block_size = block_size;
-  p.kv_bytes_per_token = static_cast<int64_t>(2.0 * m.n_layer * m.n_embd * value_bytes(dtype));
+  p.kv_bytes_per_token = static_cast<int64_t>(2.0 * m.n_layer * m.n_embd * value_bytes(kv_dtype));
   p.sampling = "greedy";
   p.created = "roofline";
   return p;

@@ -27,6 +27,7 @@ struct RooflineSpec {
   std::string kind = "gpu";        // "gpu" or "cpu" (reports)
   double fp32_tflops = 0;          // dense peak, no sparsity, by dtype of the matrix products
   double bf16_tflops = 0;          // (0 = the device has no such path: the dtype is refused)
+  double int8_tops = 0;            // int8 x int8 -> int32 products (tensor cores, VNNI), dense
   double memory_gbs = 0;           // memory bandwidth, GB/s
   double compute_efficiency = 0;   // achievable share of the peak in a serving step's GEMMs, (0, 1]
   double bandwidth_efficiency = 0; // achievable share of the bandwidth streaming weights and K/V, (0, 1]
@@ -42,21 +43,31 @@ RooflineSpec read_roofline_spec(const std::string& path);
 
 // What one step does.
 struct StepWork {
-  double flops = 0;  // multiply-add = 2
-  double bytes = 0;  // read and written in memory
+  double flops = 0;         // multiply-add = 2
+  double matrix_flops = 0;  // of which the weight matrices' (the four per block and the LM head)
+  double bytes = 0;         // read and written in memory
 };
-// dtype: "float32" or "bfloat16" (weights, K/V and activations stored so).
-StepWork roofline_work(const ModelShape& model, const std::string& dtype, const StepShape& shape);
+// dtype: "float32" or "bfloat16" (weights, K/V and activations stored so), or
+// "int8" / "int8_g32": int8 weight matrices (a scale per output channel, or
+// per group of 32 inputs: 1.125 bytes a weight) multiplied as int8 x int8
+// (activations quantized per row on the fly, W8A8: the peak is int8_tops),
+// with K/V, activations and attention in bfloat16.
+// kv_dtype: the K/V's storage, "float32" or "bfloat16"; empty = roofline_kv_dtype(dtype).
+StepWork roofline_work(const ModelShape& model, const std::string& dtype, const StepShape& shape,
+                       const std::string& kv_dtype = "");
+// The dtype the roofline keeps K/V in unless told (the weights', bfloat16 for the int8 kinds).
+std::string roofline_kv_dtype(const std::string& dtype);
 // The roofline's time for that step, ns. Throws std::invalid_argument for a
 // dtype the spec has no peak for.
 double roofline_ns(const RooflineSpec& spec, const ModelShape& model, const std::string& dtype,
-                   const StepShape& shape);
+                   const StepShape& shape, const std::string& kv_dtype = "");
 
 // The roofline against measured steps, per class of step.
 struct MeasuredShape {
   std::string step_class;  // "prefill", "decode", "mixed" (a CSV may add how it ran: "decode, CUDA graph")
   ModelShape model;
   std::string dtype;
+  std::string kv_dtype;  // empty: roofline_kv_dtype(dtype)
   StepShape shape;
   double ns = 0;  // measured
 };
@@ -76,6 +87,6 @@ std::vector<MeasuredShape> measured_steps_csv(const std::string& path);
 // The spec as a cost profile for `model` in `dtype`: the roofline over the
 // grid (fit points) and over seeded random steps (held out), fitted.
 CostProfile roofline_profile(const RooflineSpec& spec, const ModelShape& model, const std::string& dtype,
-                             int32_t block_size = 16, uint64_t seed = 1);
+                             int32_t block_size = 16, uint64_t seed = 1, const std::string& kv_dtype = "");
 
 }  // namespace troupe::cluster::sim

@@ -104,6 +104,52 @@ TEST(Roofline, AStepTakesTheLongerOfItsFlopsAndBytesPlusTheOverheads) {
   EXPECT_THROW(roofline_work(m, "int4", prefill), std::invalid_argument);
 }
 
+// int8 weights: a quarter of fp32's matrix bytes (and their scales), K/V and
+// activations in bfloat16, the matrices' products at the int8 peak and
+// attention at the bf16 one; a spec without an int8 peak refuses the dtype.
+TEST(Roofline, Int8WeightsReadAQuarterOfTheMatricesAndMultiplyAtTheInt8Peak) {
+  RooflineSpec s = simple();
+  s.int8_tops = 400;
+  const ModelShape m;  // GPT-2 124M: 85M in the blocks' matrices, 38.6M in wte
+  StepShape decode;
+  decode.add(100, 1, true);
+  const StepWork f = roofline_work(m, "float32", decode), b = roofline_work(m, "bfloat16", decode),
+                 q = roofline_work(m, "int8", decode), g = roofline_work(m, "int8_g32", decode);
+  const double matrices = 12.0 * 768 * 768 * 12 + 50257.0 * 768;
+  // bf16 and int8 differ only in the matrices' bytes: 2 vs 1 (+ an fp32 scale per output channel).
+  EXPECT_NEAR(b.bytes - q.bytes, matrices - 4.0 * ((3 * 768 + 768 + 4 * 768 + 768) * 12 + 50257), 1.0);
+  EXPECT_NEAR(g.bytes - q.bytes, matrices * 4.0 / 32 - 4.0 * ((3 * 768 + 768 + 4 * 768 + 768) * 12 + 50257), 1.0);
+  EXPECT_EQ(q.flops, f.flops);
+  EXPECT_EQ(q.matrix_flops, f.matrix_flops);
+  EXPECT_LT(q.matrix_flops, q.flops);  // attention is the rest
+  // Batch-1 decode reads the weights: int8 about half of bf16's time, a quarter of fp32's.
+  const double overhead_ns = (3 + 2 * 12) * 1e3;
+  EXPECT_NEAR(roofline_ns(s, m, "int8", decode), q.bytes / (1000e9 * 0.8) * 1e9 + overhead_ns, 1);
+  // A long prefill is compute-bound: the matrices at 400 TOPS, attention at the bf16 100.
+  StepShape prefill;
+  prefill.add(0, 1024, true);
+  const StepWork p = roofline_work(m, "int8", prefill);
+  EXPECT_NEAR(roofline_ns(s, m, "int8", prefill),
+              (p.matrix_flops / 400e12 + (p.flops - p.matrix_flops) / 100e12) / 0.5 * 1e9 + overhead_ns, 1);
+  EXPECT_EQ(roofline_kv_dtype("int8"), "bfloat16");
+  EXPECT_EQ(roofline_kv_dtype("float32"), "float32");
+  RooflineSpec no_int8 = s;
+  no_int8.int8_tops = 0;
+  EXPECT_THROW(roofline_ns(no_int8, m, "int8_g32", prefill), std::invalid_argument);
+  const CostProfile profile = roofline_profile(s, m, "int8");
+  EXPECT_EQ(profile.dtype, "int8");
+  EXPECT_EQ(profile.kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(profile.kv_bytes_per_token, 2 * 12 * 768 * 2);
+  EXPECT_LT(profile.heldout_error.median_pct, 10);
+  // The K/V in another dtype: its bytes, read and written, follow it.
+  StepShape long_decode;
+  for (int i = 0; i < 64; ++i) long_decode.add(900, 1, true);
+  const double kv_fp32 = roofline_work(m, "int8", long_decode, "float32").bytes,
+               kv_bf16 = roofline_work(m, "int8", long_decode).bytes;
+  EXPECT_NEAR(kv_fp32 - kv_bf16, 64 * (901 + 1) * 2.0 * 12 * 768 * 2, 1.0);  // 901 positions read, 1 written
+  EXPECT_EQ(roofline_profile(s, m, "int8", 16, 1, "float32").kv_bytes_per_token, 2 * 12 * 768 * 4);
+}
+
 TEST(Roofline, TheProfileFollowsTheRooflineAndRunsInTheSimulator) {
   const RooflineSpec s = read_roofline_spec(kSpecs + "/nvidia-h100-sxm.yaml");
   ModelShape xl;
