@@ -128,8 +128,12 @@ try:
     if a.fault == "kill":
         striker = threading.Timer(a.at, victim.p.kill)
     elif a.fault == "drain":
-        striker = threading.Timer(a.at, victim.p.send_signal, [signal.SIGTERM])
-        threading.Thread(target=lambda: (victim.p.wait(), left.append(time.time() - t0)), daemon=True).start()
+        def drain_now():
+            victim.p.send_signal(signal.SIGTERM)
+            victim.p.wait()
+            left.append(time.time() - t0)
+
+        striker = threading.Timer(a.at, drain_now)
     else:
         striker = threading.Thread(target=watch_hang, args=(stop,))
     t0 = time.time()
