@@ -232,7 +232,8 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
                                    std::pair{sim::FaultKind::kHang, &f.hang_workers},
                                    std::pair{sim::FaultKind::kDrain, &f.drain_workers}})
     for (const std::string& text : *list) o.faults.push_back(sim::parse_fault(kind, text));
-  for (sim::SimFault& e : sim::resolve_events(s.events, spec, s.profiles, f.cost)) o.faults.push_back(std::move(e));
+  for (sim::SimFault& e : sim::resolve_events(s.events, spec, s.profiles, f.cost))
+    o.faults.push_back(std::move(e));
   o.node_loss_ns = int64_t{f.heartbeat_ms} * f.liveness * 1'000'000;
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)

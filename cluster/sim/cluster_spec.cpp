@@ -119,7 +119,8 @@ SimWorkerSpec build_worker(const ClusterSpec& spec, const NodeGroup& g, CostProf
   } else {
     const int64_t bytes = g.kv_memory > 0 ? g.kv_memory : kDefaultKvMemory;
     const int64_t blocks = bytes / (p.kv_bytes_per_token * so.block_size);
-    if (blocks < 1) throw std::invalid_argument("node group '" + g.name + "': its KV memory holds not one block");
+    if (blocks < 1)
+      throw std::invalid_argument("node group '" + g.name + "': its KV memory holds not one block");
     so.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
   }
   so.max_num_seqs = spec.scheduler.max_num_seqs;

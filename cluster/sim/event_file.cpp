@@ -93,7 +93,8 @@ std::vector<SimFault> resolve_events(const std::vector<EventEntry>& entries, con
           if (x.name == e.group && !found) found = &x;
         }
         if (!found)
-          throw std::invalid_argument("events: add names node group '" + e.group + "'; the cluster has " + names);
+          throw std::invalid_argument("events: add names node group '" + e.group + "'; the cluster has " +
+                                      names);
         g = *found;
       }
       f.add = std::make_shared<const SimWorkerSpec>(build_worker(spec, g, profiles));

@@ -234,7 +234,8 @@ ordered_json fault_json(const SimResult& r) {
   const auto s_or_null = [](int64_t ns) { return ns >= 0 ? ordered_json(s(ns)) : ordered_json(nullptr); };
   for (const FaultReport& f : r.faults) {
     ordered_json e = {{"kind", to_string(f.fault.kind)},
-                      {"worker", f.fault.kind == FaultKind::kAdd ? id_or_null(f.fault.worker) : ordered_json(f.fault.worker)},
+                      {"worker", f.fault.kind == FaultKind::kAdd ? id_or_null(f.fault.worker)
+                                                                 : ordered_json(f.fault.worker)},
                       {"at_s", s(f.fault.at_ns)},
                       {"removed_s", s_or_null(f.removed_ns)},
                       {"requests_moved", f.requests_moved},
@@ -266,7 +267,8 @@ std::string format_fault_summary(const SimResult& r) {
     const std::string kind = f["kind"].get<std::string>();
     const auto at = [&](const char* key) { return fixed3(f[key].get<double>()) + " s"; };
     if (kind == "add") {
-      const std::string id = f["worker"].is_null() ? "-" : std::to_string(f["worker"].get<unsigned long long>());
+      const std::string id =
+          f["worker"].is_null() ? "-" : std::to_string(f["worker"].get<unsigned long long>());
       std::snprintf(line, sizeof line, "add   worker %s at %.3f s: node %s joins\n", id.c_str(),
                     f["at_s"].get<double>(), f["node"].get<std::string>().c_str());
       out += line;
@@ -284,8 +286,9 @@ std::string format_fault_summary(const SimResult& r) {
     } else {
       what = f["removed_s"].is_null() ? "still on the head's books" : "gone at " + at("removed_s");
     }
-    std::snprintf(line, sizeof line, "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n",
-                  kind.c_str(), f["worker"].get<unsigned long long>(), f["at_s"].get<double>(), what.c_str(),
+    std::snprintf(line, sizeof line,
+                  "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n", kind.c_str(),
+                  f["worker"].get<unsigned long long>(), f["at_s"].get<double>(), what.c_str(),
                   f["requests_moved"].get<int>(), f["tokens_recomputed"].get<long long>());
     out += line;
   }

@@ -137,13 +137,15 @@ class Simulation {
           if (!f.add) throw std::invalid_argument("simulation: an add names no worker to add");
           check_worker(*f.add, "an added worker");
         } else if (f.worker < 1 || f.worker > o.workers.size() + joining) {
-          throw std::invalid_argument("simulation: a fault names worker " + std::to_string(f.worker) + " of " +
-                                      std::to_string(o.workers.size()) +
-                                      (joining ? " (and up to " + std::to_string(joining) + " joining)" : ""));
+          throw std::invalid_argument(
+              "simulation: a fault names worker " + std::to_string(f.worker) + " of " +
+              std::to_string(o.workers.size()) +
+              (joining ? " (and up to " + std::to_string(joining) + " joining)" : ""));
         }
         if (f.kind == FaultKind::kCut && !(f.duration_ns > 0))
           throw std::invalid_argument("simulation: a cut must last > 0 s");
-        if (f.kind == FaultKind::kCut && f.worker <= o.workers.size()) check_cuttable(o.workers[f.worker - 1], f.worker);
+        if (f.kind == FaultKind::kCut && f.worker <= o.workers.size())
+          check_cuttable(o.workers[f.worker - 1], f.worker);
         if (f.at_ns < 0) throw std::invalid_argument("simulation: a fault's time must be >= 0");
         if (o.node_loss_ns < 0) throw std::invalid_argument("simulation: node_loss_ns must be >= 0");
         result_.faults.push_back({f, -1, -1, 0, 0, 0});
@@ -487,7 +489,7 @@ class Simulation {
   bool watching(size_t k) const {
     const FaultReport& f = result_.faults[k];
     const Worker& w = workers_[f.fault.worker - 1];
-    return !w.gone && (f.fault.kind == FaultKind::kHang || now_ < w.cut_until);
+    return !w.gone && (f.fault.kind == FaultKind::kHang || now_ < f.fault.at_ns + f.fault.duration_ns);
   }
 
   // The link to w goes down for the fault's duration. The head hears nothing
@@ -550,7 +552,8 @@ class Simulation {
     for (const core::HungWorker& h : hung) {
       Worker& w = workers_[h.worker - 1];
       // A worker no fault struck, past its deadline (a cost model far off): no stats kept.
-      if (std::none_of(on.begin(), on.end(), [&](const auto& x) { return result_.faults[x.first].fault.worker == h.worker; }))
+      if (std::none_of(on.begin(), on.end(),
+                       [&](const auto& x) { return result_.faults[x.first].fault.worker == h.worker; }))
         w.last_stats = {};
       let_go(w);
       for (auto& [k, reqs] : on) {
@@ -702,7 +705,7 @@ class Simulation {
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
   std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done
-  std::vector<size_t> watched_;  // the hangs not found out and cuts not over: the watchdog's
+  std::vector<size_t> watched_;      // the hangs not found out and cuts not over: the watchdog's
   bool watchdog_on_ = false;
   bool deadlines_ = false;  // the workers' step deadlines come from their cost models
 };

@@ -20,7 +20,8 @@ void YamlReader::fail(const std::string& where, const std::string& what) const {
   throw std::runtime_error(path_ + ": " + where + ": " + what);
 }
 
-void YamlReader::only(const YAML::Node& map, const std::string& where, const std::set<std::string>& keys) const {
+void YamlReader::only(const YAML::Node& map, const std::string& where,
+                      const std::set<std::string>& keys) const {
   if (!map.IsMap()) fail(where, "must be a mapping");
   for (const auto& kv : map) {
     const auto key = kv.first.as<std::string>();

@@ -138,7 +138,7 @@ struct Head {
 // A made-up cost profile for emulated workers (`troupe worker --emulate`),
 // written into `dir`: step times pinned at `knots` tokens; its path.
 inline std::string made_up_profile(const TempDir& dir, std::vector<double> knots, std::vector<double> knot_ns,
-                            int32_t n_positions = 0) {
+                                   int32_t n_positions = 0) {
   cluster::sim::CostProfile profile;
   profile.device = "cpu";
   profile.processor = "a test's made-up profile";

@@ -23,21 +23,23 @@ namespace troupe::test {
 namespace {
 
 const char* const kWorkload =
-    " --num-requests 90 --request-rate 9 --random-input-len 30 --random-output-len 90 --range-ratio 0 --seed 3";
+    " --num-requests 90 --request-rate 9 --random-input-len 30 --random-output-len 90 --range-ratio 0 --seed "
+    "3";
 
 struct FaultRun {
-  double moved = 0, tokens = 0;          // the head's counters
-  double at_s = 0;                       // when the fault struck, from the bench's start
-  double exit_s = -1;                    // drain: when the node exited; -1: it did not
-  size_t workers_after = 0;              // at the head, after the bench
-  int completed = 0;                     // by the bench
-  nlohmann::json sim;                    // the simulation's report
+  double moved = 0, tokens = 0;  // the head's counters
+  double at_s = 0;               // when the fault struck, from the bench's start
+  double exit_s = -1;            // drain: when the node exited; -1: it did not
+  size_t workers_after = 0;      // at the head, after the bench
+  int completed = 0;             // by the bench
+  nlohmann::json sim;            // the simulation's report
 };
 
-json simulate(const TempDir& dir, const std::string& cost, const std::string& fault, const std::string& name) {
+json simulate(const TempDir& dir, const std::string& cost, const std::string& fault,
+              const std::string& name) {
   auto r = run_command(shell_quote(bin()) + " simulate --cost " + shell_quote(cost) +
-                       " --workers 3 --num-blocks 256 --placement round-robin --quiet" + kWorkload + " " + fault +
-                       " --json " + shell_quote(dir.file(name)));
+                       " --workers 3 --num-blocks 256 --placement round-robin --quiet" + kWorkload + " " +
+                       fault + " --json " + shell_quote(dir.file(name)));
   EXPECT_EQ(r.status, 0) << r.output;
   return json::parse(std::ifstream(dir.file(name)));
 }
@@ -72,17 +74,22 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind) {
   for (const auto& w : st->workers) ids.push_back(w.id);
   std::sort(ids.begin(), ids.end());
   for (const auto& w : st->workers)
-    if (w.node == "n2") victim = static_cast<uint32_t>(std::find(ids.begin(), ids.end(), w.id) - ids.begin()) + 1;
+    if (w.node == "n2")
+      victim = static_cast<uint32_t>(std::find(ids.begin(), ids.end(), w.id) - ids.begin()) + 1;
   EXPECT_GT(victim, 0u);
   Process bench({"/bin/sh", "-c",
                  shell_quote(bin()) + " bench --to " + head.listen + kWorkload + " --json " +
                      shell_quote(dir.file("bench.json"))},
                 dir.file("bench.log"));
   const auto t0 = std::chrono::steady_clock::now();
-  const auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   if (kind == "hang") {
     const bool fired = eventually(
-        [&] { return nodes[2]->log().find("failpoint worker.step fired") != std::string::npos || !bench.running(); },
+        [&] {
+          return nodes[2]->log().find("failpoint worker.step fired") != std::string::npos || !bench.running();
+        },
         seconds(60));
     run.at_s = since();
     EXPECT_TRUE(fired && nodes[2]->log().find("fired") != std::string::npos) << nodes[2]->log();
@@ -90,7 +97,8 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind) {
     std::this_thread::sleep_for(seconds(5));
     run.at_s = since();
     nodes[2]->signal(kind == "kill" ? SIGKILL : SIGTERM);
-    if (kind == "drain" && eventually([&] { return !nodes[2]->running(); }, seconds(60))) run.exit_s = since();
+    if (kind == "drain" && eventually([&] { return !nodes[2]->running(); }, seconds(60)))
+      run.exit_s = since();
   }
   EXPECT_EQ(bench.wait(seconds(300)), std::optional<int>(0)) << bench.log();
   const auto after = head.status();
@@ -103,14 +111,16 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind) {
   run.completed = json::parse(std::ifstream(dir.file("bench.json")))["completed"].get<int>();
   char at[32];
   std::snprintf(at, sizeof at, "%.3f", run.at_s);
-  const std::string flag = kind == "kill" ? "--fail-worker" : kind == "drain" ? "--drain-worker" : "--hang-worker";
+  const std::string flag = kind == "kill"    ? "--fail-worker"
+                           : kind == "drain" ? "--drain-worker"
+                                             : "--hang-worker";
   run.sim = simulate(dir, cost, flag + " " + std::to_string(victim) + "@" + at, "sim.json");
   if (kind == "hang" && !run.sim["faults"][0]["removed_s"].is_null()) {
     // The head resets the node it let go, and the node registers again with a
     // fresh worker: that, scripted as an add when the simulated deadline fired.
-    std::ofstream(dir.file("events.yaml")) << "events:\n  - {at: " << at << ", hang: " << victim
-                                           << "}\n  - {at: " << run.sim["faults"][0]["removed_s"].get<double>()
-                                           << ", add: {node: worker}}\n";
+    std::ofstream(dir.file("events.yaml"))
+        << "events:\n  - {at: " << at << ", hang: " << victim
+        << "}\n  - {at: " << run.sim["faults"][0]["removed_s"].get<double>() << ", add: {node: worker}}\n";
     run.sim = simulate(dir, cost, "--events " + shell_quote(dir.file("events.yaml")), "sim-rejoin.json");
   }
   for (size_t i = 0; i < 2; ++i) {
@@ -121,10 +131,12 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind) {
 }
 
 void expect_moves_as_simulated(const FaultRun& r, const char* what) {
-  const double sim_moved = r.sim["requests_moved"].get<double>(), sim_tokens = r.sim["tokens_recomputed"].get<double>();
-  std::printf("node %s: served %.0f requests moved, %.0f tokens recomputed; simulated %.0f, %.0f\n", what, r.moved,
-              r.tokens, sim_moved, sim_tokens);
-  EXPECT_LE(std::abs(r.moved - sim_moved), 1 + 0.15 * sim_moved) << "served " << r.moved << ", simulated " << sim_moved;
+  const double sim_moved = r.sim["requests_moved"].get<double>(),
+               sim_tokens = r.sim["tokens_recomputed"].get<double>();
+  std::printf("node %s: served %.0f requests moved, %.0f tokens recomputed; simulated %.0f, %.0f\n", what,
+              r.moved, r.tokens, sim_moved, sim_tokens);
+  EXPECT_LE(std::abs(r.moved - sim_moved), 1 + 0.15 * sim_moved)
+      << "served " << r.moved << ", simulated " << sim_moved;
   EXPECT_LE(std::abs(r.tokens - sim_tokens), 120 + 0.15 * sim_tokens)
       << "served " << r.tokens << ", simulated " << sim_tokens;
   EXPECT_EQ(r.completed, 90) << "nothing lost";
@@ -165,7 +177,8 @@ TEST(Cluster, ADrainedNodeCostsWhatTheSimulationSays) {
   EXPECT_EQ(r.tokens, 0) << "a drain moves only requests not started";
   ASSERT_FALSE(r.sim["faults"][0]["removed_s"].is_null());
   const double sim_left = r.sim["faults"][0]["removed_s"].get<double>();
-  std::printf("node drained at %.3f s: exited at %.3f s; simulated gone at %.3f s\n", r.at_s, r.exit_s, sim_left);
+  std::printf("node drained at %.3f s: exited at %.3f s; simulated gone at %.3f s\n", r.at_s, r.exit_s,
+              sim_left);
   EXPECT_GT(sim_left, r.at_s + 0.2) << "it had requests running";
   ASSERT_GT(r.exit_s, 0) << "the drained node did not exit";
   EXPECT_LE(std::abs(r.exit_s - sim_left), 0.5 + 0.15 * (sim_left - r.at_s));

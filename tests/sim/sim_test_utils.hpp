@@ -92,6 +92,8 @@ inline SimOptions four_workers() {
 }
 
 // The whole report, as `troupe simulate --json` writes it (without its config).
-inline std::string json_of(const SimResult& r) { return simulation_json(r, simulation_metrics(r, {}), {}).dump(); }
+inline std::string json_of(const SimResult& r) {
+  return simulation_json(r, simulation_metrics(r, {}), {}).dump();
+}
 
 }  // namespace troupe::cluster::sim::test

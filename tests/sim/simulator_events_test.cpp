@@ -28,7 +28,9 @@ SimOptions remote_workers() {
   return o;
 }
 
-SimFault cut(uint64_t worker, int64_t at, int64_t duration) { return {FaultKind::kCut, worker, at, duration}; }
+SimFault cut(uint64_t worker, int64_t at, int64_t duration) {
+  return {FaultKind::kCut, worker, at, duration};
+}
 
 SimFault add(int64_t at, const SimWorkerSpec& w) {
   return {FaultKind::kAdd, 0, at, 0, std::make_shared<const SimWorkerSpec>(w)};
@@ -57,7 +59,9 @@ TEST(SimulatorEvents, AnAddedWorkerTakesRequestsOnlyAfterItJoins) {
   EXPECT_GT(r.workers[4].steps, 0);
   for (const SeriesPoint& p : r.series) {
     ASSERT_EQ(p.workers.size(), 5u);
-    if (p.t_ns <= 1'000 * kMs) { EXPECT_EQ(p.workers[4].busy, 0) << p.t_ns; }
+    if (p.t_ns <= 1'000 * kMs) {
+      EXPECT_EQ(p.workers[4].busy, 0) << p.t_ns;
+    }
   }
   EXPECT_EQ(r.faults[0].requests_moved, 0);
   EXPECT_EQ(json_of(simulate(w, o)), json_of(r));
@@ -86,7 +90,8 @@ TEST(SimulatorEvents, AShortCutDelaysButMovesNothing) {
     if (r.worker[i] != 2) continue;
     // No token of worker 2 reaches the head while its link is down (a result
     // sent just before the cut may still arrive just after it).
-    for (int64_t t : r.requests[i].token_ns.to_vector()) EXPECT_FALSE(t > 1'001 * kMs && t < 2'000 * kMs) << i;
+    for (int64_t t : r.requests[i].token_ns.to_vector())
+      EXPECT_FALSE(t > 1'001 * kMs && t < 2'000 * kMs) << i;
     if (plain.requests[i].start_ns < 1'000 * kMs && plain.requests[i].end_ns > 1'000 * kMs) {
       ++held;
       EXPECT_GE(r.requests[i].end_ns, plain.requests[i].end_ns + 900 * kMs) << i << ": held by the cut";
