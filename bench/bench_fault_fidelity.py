@@ -1,22 +1,32 @@
 #!/usr/bin/python3
-"""A killed worker, served and simulated (issue 33, faults in virtual time): a real head (`troupe serve
---workers 0`) with N emulated workers, one per node (`troupe worker --emulate COST.json`: the whole protocol,
-each step the cost model's time), `troupe bench` sending a seeded workload, and one node SIGKILLed T seconds
-after the bench starts; then `troupe simulate` of the same workload (same seed: the same arrivals and lengths)
-with `--fail-worker K@T`. Compared: requests moved and tokens recomputed (the head's counters, `troupe status`,
+"""A killed, hung or drained worker, served and simulated (issue 33, faults in virtual time): a real head
+(`troupe serve --workers 0`) with N emulated workers, one per node (`troupe worker --emulate COST.json`: the
+whole protocol, each step the cost model's time), `troupe bench` sending a seeded workload, and one node struck
+T seconds after the bench starts; then `troupe simulate` of the same workload (same seed: the same arrivals and
+lengths) with the same fault at the same time:
+
+  --fault kill   the node SIGKILLed at T; simulated with --fail-worker K@T
+  --fault drain  the node sent SIGTERM at T (it drains and exits); simulated with --drain-worker K@T
+  --fault hang   the node's `worker.step` failpoint hangs its K-th step (TROUPE_FAILPOINTS=worker.step=hang@K
+                 in its environment; K from the simulated step rate, so that it fires near T, or --hang-step);
+                 T is when the node printed "failpoint worker.step fired". Simulated with --hang-worker K@T, then
+                 again with the node registering anew (as the real node does when the head resets it) when the
+                 simulated step deadline let it go: an events file with the hang and an `add` at that time.
+ Compared: requests moved and tokens recomputed (the head's counters, `troupe status`,
 against the simulation's Faults section), and the median TTFT and E2EL of the requests sent within W seconds
 after the kill (the ones the lost capacity delays; the served run does not say which requests the head moved,
 so two proxies stand in for them, the same rule on both sides: the requests that stalled, a gap of more than
 --stall seconds before a token (their worker died under them; the head notices after 3 missed heartbeats),
 and the requests sent within W seconds after the kill), besides the whole run's. Target: within 15%.
 
-  bench/bench_fault_fidelity.py [--workers 4] [--kill-at 8] [--rate 6] [--num-requests 200]
+  bench/bench_fault_fidelity.py [--fault kill|hang|drain] [--workers 4] [--node 2] [--at 8] [--rate 6] [--num-requests 200]
                                 [--input-len 128] [--output-len 64] [--time-scale 1] [--window 5] [--seed 1]
 
 Name the CPU beside the numbers: the head, the nodes and the client share it (the simulated head is free).
 """
 import argparse
 import json
+import signal
 import statistics
 import sys
 import threading
@@ -31,8 +41,11 @@ ap.add_argument("--troupe", default="build/troupe")
 ap.add_argument("--model", default="models/gpt2")
 ap.add_argument("--cost", default="docs/profiles/gpt2-124m-cpu-epyc-2threads.json")
 ap.add_argument("--workers", type=int, default=4)
-ap.add_argument("--kill", type=int, default=2, help="which node (1..N, in starting order) is killed")
-ap.add_argument("--kill-at", type=float, default=8.0, help="seconds after the bench starts")
+ap.add_argument("--fault", choices=["kill", "hang", "drain"], default="kill")
+ap.add_argument("--node", "--kill", dest="node", type=int, default=2, help="which node (1..N, in starting order)")
+ap.add_argument("--at", "--kill-at", dest="at", type=float, default=8.0, help="seconds after the bench starts")
+ap.add_argument("--hang-step", type=int, default=0,
+                help="--fault hang: the step of the node that hangs (0: the one the simulation runs near --at)")
 ap.add_argument("--rate", type=float, default=6.0)
 ap.add_argument("--num-requests", type=int, default=200)
 ap.add_argument("--input-len", type=int, default=128)
@@ -53,6 +66,13 @@ workload = ["--num-requests", str(a.num_requests), "--random-input-len", str(a.i
             str(a.output_len), "--seed", str(a.seed), "--request-rate", str(a.rate)]
 
 
+def simulate(out, extra):
+    procs.run([T, "simulate", "--cost", a.cost, "--workers", str(a.workers), "--num-blocks", str(a.num_blocks),
+               "--cost-scale", str(a.time_scale), "--placement", a.placement, "--quiet", "--json", str(out),
+               "--json-itls"] + extra + workload)
+    return json.load(open(out))
+
+
 def stalled_stats(j):
     """Requests with a gap of more than --stall s before a token (the first included): count, median TTFT, E2EL."""
     sel = [i for i, t in enumerate(j["ttfts"])
@@ -65,7 +85,7 @@ def window_stats(j, start_key, t0):
     """Median TTFT and E2EL (ms) of the requests sent in [kill, kill + window), and of all."""
     starts = j[start_key]
     ttft, e2el = j["ttfts"], j["latencies"]
-    sel = [i for i, s in enumerate(starts) if s is not None and a.kill_at <= s - t0 < a.kill_at + a.window]
+    sel = [i for i, s in enumerate(starts) if s is not None and at <= s - t0 < at + a.window]
     med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
     return {"window_requests": len(sel),
             "window_ttft_ms": med([ttft[i] for i in sel if ttft[i]]),
@@ -74,20 +94,56 @@ def window_stats(j, start_key, t0):
 
 
 # Served.
+node_env = {}
+if a.fault == "hang":
+    k = a.hang_step
+    if k <= 0:  # the victim's step near --at, at the simulated run's mean step rate per worker
+        plain = simulate(work / "sim-plain.json", [])
+        steps = sum(w["steps"] for w in plain["workers"]) / a.workers
+        k = max(1, round(a.at * steps / plain["duration"]))
+    node_env = {a.node - 1: {"TROUPE_FAILPOINTS": f"worker.step=hang@{k}"}}
+    log(f"node {a.node} hangs at its step {k}")
 head, nodes = procs.emulated_cluster(T, a.model, work, "fault", a.workers, 1, a.cost, a.time_scale, a.num_blocks,
-                                     head_extra=["--placement", a.placement])
+                                     head_extra=["--placement", a.placement], node_env=node_env)
+at = a.at
 try:
-    victim = nodes[a.kill - 1]
+    victim = nodes[a.node - 1]
     # The head numbers workers as they join (nodes race): the victim's id, for the simulation.
-    tag = f"fault-n{a.kill - 1}"
+    tag = f"fault-n{a.node - 1}"
     ids = sorted(w["id"] for w in head.status()["workers"])
     victim_id = ids.index(next(w["id"] for w in head.status()["workers"] if w["node"] == tag)) + 1
     bench_out = work / "bench.json"
-    killer = threading.Timer(a.kill_at, victim.p.kill)
+    fired = []  # hang: seconds after the bench started when the node said its failpoint fired
+    left = []  # drain: when the drained node exited (the head let it go)
+
+    def watch_hang(stop):
+        path = Path(victim.log.name)
+        while not stop.is_set():
+            if "failpoint worker.step fired" in path.read_text(errors="replace"):
+                fired.append(time.time() - t0)
+                return
+            time.sleep(0.005)
+
+    stop = threading.Event()
+    if a.fault == "kill":
+        striker = threading.Timer(a.at, victim.p.kill)
+    elif a.fault == "drain":
+        def drain_now():
+            victim.p.send_signal(signal.SIGTERM)
+            victim.p.wait()
+            left.append(time.time() - t0)
+
+        striker = threading.Timer(a.at, drain_now)
+    else:
+        striker = threading.Thread(target=watch_hang, args=(stop,))
     t0 = time.time()
-    killer.start()
+    striker.start()
     procs.run([T, "bench", "--to", head.to] + workload + ["--json", str(bench_out)])
-    killer.cancel()
+    if a.fault == "hang":
+        stop.set()
+        striker.join()
+    else:
+        striker.cancel()
     status = head.status()
 finally:
     for n in nodes:
@@ -95,18 +151,25 @@ finally:
             n.stop()
     head.stop()
 real = json.load(open(bench_out))
-log(f"served: {status.get('requests_moved')} requests moved, {status.get('tokens_recomputed')} tokens recomputed")
+log(f"served: {status.get('requests_moved')} requests moved, {status.get('tokens_recomputed')} tokens recomputed, "
+    f"{len(status.get('workers', []))} workers at the end")
 
 # Simulated.
-sim_out = work / "sim.json"
-procs.run([T, "simulate", "--cost", a.cost, "--workers", str(a.workers), "--num-blocks", str(a.num_blocks),
-           "--cost-scale", str(a.time_scale), "--placement", a.placement, "--quiet", "--json", str(sim_out),
-           "--json-itls",
-           "--fail-worker", f"{victim_id}@{a.kill_at}"] + workload)
-sim = json.load(open(sim_out))
+flag = {"kill": "--fail-worker", "hang": "--hang-worker", "drain": "--drain-worker"}[a.fault]
+if a.fault == "hang":
+    if not fired:
+        raise SystemExit(f"node {a.node}'s failpoint never fired (its step {k}): give --hang-step")
+    at = round(fired[0], 3)
+sim = simulate(work / "sim.json", [flag, f"{victim_id}@{at}"])
+if a.fault == "hang" and sim["faults"][0]["removed_s"] is not None:
+    # The head resets the node it let go; the node registers again with a fresh worker: that add, scripted.
+    events = work / "events.yaml"
+    events.write_text(f"events:\n  - {{at: {at}, hang: {victim_id}}}\n"
+                      f"  - {{at: {sim['faults'][0]['removed_s']}, add: {{node: worker}}}}\n")
+    sim = simulate(work / "sim-rejoin.json", ["--events", str(events)])
 
-print(f"CPU: {procs.cpu_name()}; {a.workers} emulated workers ({a.cost}), node {a.kill} (worker {victim_id}) "
-      f"killed at {a.kill_at} s; "
+print(f"CPU: {procs.cpu_name()}; {a.workers} emulated workers ({a.cost}), node {a.node} (worker {victim_id}) "
+      f"{ {'kill': 'killed', 'hang': 'hung', 'drain': 'drained'}[a.fault]} at {at} s; "
       f"{a.num_requests} requests at {a.rate}/s, {a.input_len}+{a.output_len} tokens, seed {a.seed}")
 rows = [("requests moved", status.get("requests_moved", 0), sim["requests_moved"]),
         ("tokens recomputed", status.get("tokens_recomputed", 0), sim["tokens_recomputed"])]
@@ -117,11 +180,15 @@ rs = window_stats(real, "start_times", min(x for x in real["start_times"] if x i
 ss = window_stats(sim, "start_times", 0.0)
 rn, rt, re_ = stalled_stats(real)
 sn, st, se = stalled_stats(sim)
+if sim["faults"][0]["removed_s"] is not None:
+    print(f"simulated: worker {victim_id} let go at {sim['faults'][0]['removed_s']:.3f} s")
+if left:
+    rows.append(("drained node exited, s after the bench started", left[0], sim["faults"][0]["removed_s"] or 0))
 rows += [(f"requests stalled > {a.stall} s", rn, sn), ("  their median TTFT (ms)", rt, st),
          ("  their median E2EL (ms)", re_, se)]
 if True:
-    rows += [(f"median TTFT, sent within {a.window} s after the kill (ms)", rs["window_ttft_ms"], ss["window_ttft_ms"]),
-             (f"median E2EL, sent within {a.window} s after the kill (ms)", rs["window_e2el_ms"], ss["window_e2el_ms"]),
+    rows += [(f"median TTFT, sent within {a.window} s after the fault (ms)", rs["window_ttft_ms"], ss["window_ttft_ms"]),
+             (f"median E2EL, sent within {a.window} s after the fault (ms)", rs["window_e2el_ms"], ss["window_e2el_ms"]),
              ("median TTFT, all (ms)", rs["all_ttft_ms"], ss["all_ttft_ms"])]
     print(f"requests in the window: served {rs['window_requests']}, simulated {ss['window_requests']}")
 print(f"{'':58} {'served':>10} {'simulated':>10} {'sim/served':>10}")

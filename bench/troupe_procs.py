@@ -87,21 +87,23 @@ class Head:
 
 
 class Node:
-    """`troupe worker --join` the head with `extra` flags."""
+    """`troupe worker --join` the head with `extra` flags (and `env`, more environment: failpoints)."""
 
-    def __init__(self, troupe, model, work, tag, head, extra):
+    def __init__(self, troupe, model, work, tag, head, extra, env=None):
         self.log = open(Path(work) / f"node-{tag}.log", "w")
         self.p = subprocess.Popen([troupe, "worker", "--join", head.worker_listen, "--model", model, "--name", tag]
-                                  + extra, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+                                  + extra, env=dict(ENV, **(env or {})), stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self):
         self.p.terminate()
         self.p.wait(timeout=120)
 
 
-def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks, head_extra=()):
+def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks, head_extra=(),
+                     node_env=None):
     """A head alone (with `head_extra` flags) and `workers` emulated workers (`troupe worker --emulate`),
-    `per_node` to a node, all joined: (head, nodes). Stop the nodes, then the head."""
+    `per_node` to a node, all joined: (head, nodes). node_env: {node index: more environment}. Stop the
+    nodes, then the head."""
     head = Head(troupe, model, work, tag, ["--workers", "0"] + list(head_extra), workers=0)
     nodes = []
     try:
@@ -109,7 +111,7 @@ def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_sca
             n = min(per_node, workers - i)
             nodes.append(Node(troupe, model, work, f"{tag}-n{i}", head,
                               ["--workers", str(n), "--emulate", cost, "--emulate-time-scale", str(time_scale),
-                               "--num-blocks", str(num_blocks)]))
+                               "--num-blocks", str(num_blocks)], (node_env or {}).get(len(nodes))))
         head.wait_workers(workers)
     except BaseException:
         for n in nodes:

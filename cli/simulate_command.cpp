@@ -16,6 +16,7 @@
 #include "actors/engine.hpp"
 #include "cli/command.hpp"
 #include "cluster/sim/cluster_spec.hpp"
+#include "cluster/sim/event_file.hpp"
 #include "cluster/sim/parse_number.hpp"
 #include "cluster/sim/plots.hpp"
 #include "cluster/sim/sim_report.hpp"
@@ -52,6 +53,7 @@ struct SimulateFlags {
   int32_t max_workers = 1024;
   std::vector<std::string> goodput;
   std::vector<std::string> fail_workers, hang_workers, drain_workers;  // ID@SECONDS each
+  std::string events;                                                  // an events file (event_file.hpp)
   int32_t heartbeat_ms = 1000, liveness = 3;                           // the head's: a kill is noticed after both
   double slo_attainment = 0.9, sample_interval_s = 1;
   CLI::App* app = nullptr;
@@ -205,6 +207,7 @@ struct Setup {
   sim::ClusterSpec spec;
   sim::CostProfiles profiles;
   Workload workload;
+  std::vector<sim::EventEntry> events;  // --events, read once
   core::MetricsOptions metrics;
   sim::SloCheck slo;
 };
@@ -229,6 +232,8 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
                                    std::pair{sim::FaultKind::kHang, &f.hang_workers},
                                    std::pair{sim::FaultKind::kDrain, &f.drain_workers}})
     for (const std::string& text : *list) o.faults.push_back(sim::parse_fault(kind, text));
+  for (sim::SimFault& e : sim::resolve_events(s.events, spec, s.profiles, f.cost))
+    o.faults.push_back(std::move(e));
   o.node_loss_ns = int64_t{f.heartbeat_ms} * f.liveness * 1'000'000;
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)
@@ -408,6 +413,7 @@ int run_simulate(const SimulateFlags& f) {
   s.profiles = sim::CostProfiles(f.cost_scale);
   s.spec = cluster_spec(f);
   s.workload = make_workload(f);
+  if (!f.events.empty()) s.events = sim::load_events_file(f.events, actors::parse_memory_size);
   s.metrics.percentiles = parse_percentiles(f.percentiles);
   s.metrics.slo = core::parse_slo(f.goodput);
   s.slo.slo = s.metrics.slo;
@@ -516,6 +522,9 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
                   "deadline lets it go");
   sub->add_option("--drain-worker", f->drain_workers,
                   "Drain worker ID at T seconds (ID@T, repeatable): no new requests; those it has not started move");
+  sub->add_option("--events", f->events,
+                  "Events file (YAML): kill, hang, drain, cut a link for a while, add a worker, each at a "
+                  "time (with the flags above)");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms,
                   "The head's heartbeat interval (serve's): a killed worker is noticed after --liveness of them")
       ->check(CLI::Range(1, 3'600'000));

@@ -6,75 +6,12 @@
 #include <set>
 #include <stdexcept>
 
-#include <yaml-cpp/yaml.h>
+#include "cluster/sim/yaml_reader.hpp"
 
 namespace troupe::cluster::sim {
 namespace {
 
 constexpr int64_t kDefaultKvMemory = int64_t{2} << 30;  // troupe serve's --kv-memory default
-
-class Reader {
- public:
-  explicit Reader(std::string path) : path_(std::move(path)) {}
-  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
-    throw std::runtime_error(path_ + ": " + where + ": " + what);
-  }
-  void only(const YAML::Node& map, const std::string& where, const std::set<std::string>& keys) const {
-    if (!map.IsMap()) fail(where, "must be a mapping");
-    for (const auto& kv : map) {
-      const auto key = kv.first.as<std::string>();
-      if (!keys.count(key)) {
-        std::string known;
-        for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
-        fail(where, "unknown key '" + key + "' (known: " + known + ")");
-      }
-    }
-  }
-  int64_t integer(const YAML::Node& n, const std::string& where, int64_t lo, int64_t hi) const {
-    int64_t v = 0;
-    try {
-      v = n.as<int64_t>();
-    } catch (const YAML::Exception&) {
-      fail(where, "must be an integer");
-    }
-    if (v < lo || v > hi) fail(where, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return v;
-  }
-  double number(const YAML::Node& n, const std::string& where) const {
-    double v = 0;
-    try {
-      v = n.as<double>();
-    } catch (const YAML::Exception&) {
-      fail(where, "must be a number");
-    }
-    if (!std::isfinite(v) || v < 0) fail(where, "must be a non-negative number");
-    return v;
-  }
-  bool boolean(const YAML::Node& n, const std::string& where) const {
-    try {
-      return n.as<bool>();
-    } catch (const YAML::Exception&) {
-      fail(where, "must be true or false");
-    }
-  }
-  std::string text(const YAML::Node& n, const std::string& where) const {
-    if (!n.IsScalar()) fail(where, "must be a string");
-    return n.as<std::string>();
-  }
-  NetworkLink link(const YAML::Node& n, const std::string& where, NetworkLink base) const {
-    only(n, where, {"latency_us", "bandwidth_gbps"});
-    if (n["latency_us"]) base.latency_ns = std::llround(number(n["latency_us"], where + ".latency_us") * 1e3);
-    if (n["bandwidth_gbps"]) {
-      const double g = number(n["bandwidth_gbps"], where + ".bandwidth_gbps");
-      if (g == 0) fail(where + ".bandwidth_gbps", "must be > 0 (leave it out for no bandwidth limit)");
-      base.bandwidth_bytes_per_s = g * 1e9 / 8;
-    }
-    return base;
-  }
-
- private:
-  std::string path_;
-};
 
 void check_groups(const ClusterSpec& spec) {
   if (spec.groups.empty()) throw std::invalid_argument("the cluster has no nodes");
@@ -87,15 +24,8 @@ void check_groups(const ClusterSpec& spec) {
 }  // namespace
 
 ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse_memory) {
-  Reader r(path);
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw std::runtime_error("cannot read cluster file '" + path + "'");
-  } catch (const YAML::Exception& e) {
-    throw std::runtime_error(path + ": not valid YAML: " + e.what());
-  }
+  YamlReader r(path);
+  const YAML::Node root = r.load("cluster file");
   ClusterSpec spec;
   r.only(root, "top level", {"placement", "scheduler", "network", "nodes"});
   if (root["placement"]) {
@@ -134,35 +64,8 @@ ClusterSpec load_cluster_file(const std::string& path, const MemoryParser& parse
   for (size_t i = 0; i < nodes.size(); ++i) {
     const auto& n = nodes[i];
     const std::string where = "nodes[" + std::to_string(i) + "]";
-    r.only(n, where,
-           {"name", "count", "workers", "cost", "cost_scale", "kv_blocks", "kv_memory", "local", "network"});
-    NodeGroup g;
-    g.name = n["name"] ? r.text(n["name"], where + ".name") : "node" + std::to_string(i);
-    if (n["count"]) g.count = static_cast<int32_t>(r.integer(n["count"], where + ".count", 1, 1'000'000));
-    if (n["workers"]) g.workers = static_cast<int32_t>(r.integer(n["workers"], where + ".workers", 1, 1024));
-    if (n["cost"]) {
-      const std::filesystem::path cost = r.text(n["cost"], where + ".cost");
-      g.cost = cost.is_absolute() || dir.empty() ? cost.string() : (dir / cost).string();
-    }
-    if (n["cost_scale"]) {
-      g.cost_scale = r.number(n["cost_scale"], where + ".cost_scale");
-      if (!(g.cost_scale > 0)) r.fail(where + ".cost_scale", "must be > 0");
-    }
-    if (n["kv_blocks"] && n["kv_memory"]) r.fail(where, "give kv_blocks or kv_memory, not both");
-    if (n["kv_blocks"])
-      g.kv_blocks = static_cast<int32_t>(
-          r.integer(n["kv_blocks"], where + ".kv_blocks", 1, std::numeric_limits<int32_t>::max()));
-    if (n["kv_memory"]) {
-      try {
-        g.kv_memory = parse_memory(r.text(n["kv_memory"], where + ".kv_memory"));
-      } catch (const std::invalid_argument& e) {
-        r.fail(where + ".kv_memory", e.what());
-      }
-    }
-    if (n["local"]) g.local = r.boolean(n["local"], where + ".local");
-    if (n["network"] && g.local) r.fail(where, "a local node has no network");
-    g.link = g.local ? NetworkLink{} : (n["network"] ? r.link(n["network"], where + ".network", base) : base);
-    spec.groups.push_back(std::move(g));
+    r.only(n, where, node_group_keys());
+    spec.groups.push_back(read_node_group(r, n, where, dir, base, parse_memory, "node" + std::to_string(i)));
   }
   return spec;
 }
@@ -195,48 +98,57 @@ ModelShape cluster_model(const ClusterSpec& spec, CostProfiles& profiles) {
   return m;
 }
 
+SimWorkerSpec build_worker(const ClusterSpec& spec, const NodeGroup& g, CostProfiles& profiles) {
+  check_groups(spec);
+  if (g.cost.empty())
+    throw std::invalid_argument("node group '" + g.name + "' has no cost profile: give its 'cost' or --cost");
+  const ModelShape first = profiles.get(spec.groups[0].cost).model;
+  const CostProfile& p = profiles.get(g.cost);
+  if (p.block_size != spec.scheduler.block_size) {
+    throw std::invalid_argument("cost profile '" + g.cost + "' was measured with block size " +
+                                std::to_string(p.block_size) + ", the scheduler uses " +
+                                std::to_string(spec.scheduler.block_size) + "; profile again or change it");
+  }
+  if (p.model.vocab_size != first.vocab_size || p.model.eos_token_id != first.eos_token_id)
+    throw std::invalid_argument("cost profile '" + g.cost + "' was measured on another model than '" +
+                                spec.groups[0].cost + "'");
+  core::SchedulerOptions so;
+  so.block_size = spec.scheduler.block_size;
+  if (g.kv_blocks > 0) {
+    so.num_blocks = g.kv_blocks;
+  } else {
+    const int64_t bytes = g.kv_memory > 0 ? g.kv_memory : kDefaultKvMemory;
+    const int64_t blocks = bytes / (p.kv_bytes_per_token * so.block_size);
+    if (blocks < 1)
+      throw std::invalid_argument("node group '" + g.name + "': its KV memory holds not one block");
+    so.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
+  }
+  so.max_num_seqs = spec.scheduler.max_num_seqs;
+  so.max_num_batched_tokens = spec.scheduler.max_batched_tokens;
+  so.max_model_len = p.model.n_positions;
+  so.vocab_size = p.model.vocab_size;
+  so.eos_id = p.model.eos_token_id;
+  so.enable_prefix_caching = spec.scheduler.prefix_caching;
+  so.enable_chunked_prefill = spec.scheduler.chunked_prefill;
+  so.max_steps_in_flight = spec.scheduler.max_steps_in_flight;
+  SimWorkerSpec w;
+  w.node = g.name;
+  w.device = p.device;
+  w.cost = profiles.model(g.cost, g.cost_scale);
+  w.scheduler = so;
+  w.link = g.link;
+  return w;
+}
+
 std::vector<SimWorkerSpec> build_workers(const ClusterSpec& spec, CostProfiles& profiles) {
   check_groups(spec);
-  const ModelShape first = profiles.get(spec.groups[0].cost).model;
   std::vector<SimWorkerSpec> out;
   for (const NodeGroup& g : spec.groups) {
-    const CostProfile& p = profiles.get(g.cost);
-    if (p.block_size != spec.scheduler.block_size) {
-      throw std::invalid_argument("cost profile '" + g.cost + "' was measured with block size " +
-                                  std::to_string(p.block_size) + ", the scheduler uses " +
-                                  std::to_string(spec.scheduler.block_size) + "; profile again or change it");
-    }
-    if (p.model.vocab_size != first.vocab_size || p.model.eos_token_id != first.eos_token_id)
-      throw std::invalid_argument("cost profile '" + g.cost + "' was measured on another model than '" +
-                                  spec.groups[0].cost + "'");
-    core::SchedulerOptions so;
-    so.block_size = spec.scheduler.block_size;
-    if (g.kv_blocks > 0) {
-      so.num_blocks = g.kv_blocks;
-    } else {
-      const int64_t bytes = g.kv_memory > 0 ? g.kv_memory : kDefaultKvMemory;
-      const int64_t blocks = bytes / (p.kv_bytes_per_token * so.block_size);
-      if (blocks < 1)
-        throw std::invalid_argument("node group '" + g.name + "': its KV memory holds not one block");
-      so.num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
-    }
-    so.max_num_seqs = spec.scheduler.max_num_seqs;
-    so.max_num_batched_tokens = spec.scheduler.max_batched_tokens;
-    so.max_model_len = p.model.n_positions;
-    so.vocab_size = p.model.vocab_size;
-    so.eos_id = p.model.eos_token_id;
-    so.enable_prefix_caching = spec.scheduler.prefix_caching;
-    so.enable_chunked_prefill = spec.scheduler.chunked_prefill;
-    so.max_steps_in_flight = spec.scheduler.max_steps_in_flight;
+    const SimWorkerSpec one = build_worker(spec, g, profiles);
     for (int32_t node = 0; node < g.count; ++node) {
       for (int32_t k = 0; k < g.workers; ++k) {
-        SimWorkerSpec w;
-        w.node = g.count > 1 ? g.name + "-" + std::to_string(node) : g.name;
-        w.device = p.device;
-        w.cost = profiles.model(g.cost, g.cost_scale);
-        w.scheduler = so;
-        w.link = g.link;
-        out.push_back(std::move(w));
+        out.push_back(one);
+        if (g.count > 1) out.back().node = g.name + "-" + std::to_string(node);
       }
     }
   }

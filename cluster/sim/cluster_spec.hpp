@@ -98,6 +98,10 @@ class CostProfiles {
 // profile's block size equals the scheduler's and that all serve one model.
 // Throws std::invalid_argument saying what disagrees.
 std::vector<SimWorkerSpec> build_workers(const ClusterSpec& spec, CostProfiles& profiles);
+// One worker of group `g` (its node named after the group), as build_workers
+// makes each of a spec's own; `g` need not be one of the spec's groups (a
+// worker that joins later: an events file's `add`).
+SimWorkerSpec build_worker(const ClusterSpec& spec, const NodeGroup& g, CostProfiles& profiles);
 
 // What every request is checked against: the smallest max_model_len and the
 // model's vocabulary (from the first group's profile).

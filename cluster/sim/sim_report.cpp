@@ -230,13 +230,23 @@ ordered_json fault_json(const SimResult& r) {
   ordered_json j;
   ordered_json list = ordered_json::array();
   int64_t moved = 0, tokens = 0;
+  const auto id_or_null = [](uint64_t id) { return id > 0 ? ordered_json(id) : ordered_json(nullptr); };
+  const auto s_or_null = [](int64_t ns) { return ns >= 0 ? ordered_json(s(ns)) : ordered_json(nullptr); };
   for (const FaultReport& f : r.faults) {
-    list.push_back({{"kind", to_string(f.fault.kind)},
-                    {"worker", f.fault.worker},
-                    {"at_s", s(f.fault.at_ns)},
-                    {"removed_s", f.removed_ns >= 0 ? ordered_json(s(f.removed_ns)) : ordered_json(nullptr)},
-                    {"requests_moved", f.requests_moved},
-                    {"tokens_recomputed", f.tokens_recomputed}});
+    ordered_json e = {{"kind", to_string(f.fault.kind)},
+                      {"worker", f.fault.kind == FaultKind::kAdd ? id_or_null(f.fault.worker)
+                                                                 : ordered_json(f.fault.worker)},
+                      {"at_s", s(f.fault.at_ns)},
+                      {"removed_s", s_or_null(f.removed_ns)},
+                      {"requests_moved", f.requests_moved},
+                      {"tokens_recomputed", f.tokens_recomputed}};
+    if (f.fault.kind == FaultKind::kCut) {
+      e["for_s"] = s(f.fault.duration_ns);
+      e["returned_s"] = s_or_null(f.returned_ns);
+      e["new_worker"] = id_or_null(f.new_worker);
+    }
+    if (f.fault.kind == FaultKind::kAdd) e["node"] = f.fault.add ? f.fault.add->node : "";
+    list.push_back(std::move(e));
     moved += f.requests_moved;
     tokens += f.tokens_recomputed;
   }
@@ -254,11 +264,31 @@ std::string format_fault_summary(const SimResult& r) {
   std::string out = "--------------------- Faults ---------------------\n";
   char line[512];
   for (const auto& f : j["faults"]) {
-    std::snprintf(line, sizeof line, "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n",
-                  f["kind"].get<std::string>().c_str(), f["worker"].get<unsigned long long>(),
-                  f["at_s"].get<double>(),
-                  f["removed_s"].is_null() ? "still on the head's books"
-                                           : ("gone at " + fixed3(f["removed_s"].get<double>()) + " s").c_str(),
+    const std::string kind = f["kind"].get<std::string>();
+    const auto at = [&](const char* key) { return fixed3(f[key].get<double>()) + " s"; };
+    if (kind == "add") {
+      const std::string id =
+          f["worker"].is_null() ? "-" : std::to_string(f["worker"].get<unsigned long long>());
+      std::snprintf(line, sizeof line, "add   worker %s at %.3f s: node %s joins\n", id.c_str(),
+                    f["at_s"].get<double>(), f["node"].get<std::string>().c_str());
+      out += line;
+      continue;
+    }
+    std::string what;
+    if (kind == "cut") {
+      what = "link down for " + at("for_s") + ", ";
+      if (!f["removed_s"].is_null()) what += "gone at " + at("removed_s") + ", ";
+      if (!f["new_worker"].is_null())
+        what += "back as worker " + std::to_string(f["new_worker"].get<unsigned long long>()) + " at " +
+                at("returned_s");
+      else
+        what += f["returned_s"].is_null() ? "not back by the end" : "back at " + at("returned_s");
+    } else {
+      what = f["removed_s"].is_null() ? "still on the head's books" : "gone at " + at("removed_s");
+    }
+    std::snprintf(line, sizeof line,
+                  "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n", kind.c_str(),
+                  f["worker"].get<unsigned long long>(), f["at_s"].get<double>(), what.c_str(),
                   f["requests_moved"].get<int>(), f["tokens_recomputed"].get<long long>());
     out += line;
   }

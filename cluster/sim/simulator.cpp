@@ -50,6 +50,10 @@ struct Worker {
   bool dead = false;                // killed, not yet noticed by the head
   int64_t dead_at = 0;
   int64_t drain_fault = -1;         // draining: the fault's index (it leaves once drained)
+  // Its link is down in [cut_from, cut_until): what either side sends then
+  // leaves when it is back (ZeroMQ holds it; a resend of a lost frame, ~one
+  // heartbeat, is not modelled).
+  int64_t cut_from = 0, cut_until = 0;
   core::SchedulerStats last_stats;  // its scheduler's, when it went
 
   explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
@@ -59,7 +63,11 @@ struct Worker {
     const int64_t end = dead ? std::min(now, dead_at) : now;
     return busy_ns + (busy ? std::max<int64_t>(0, end - started) : 0);
   }
+  // When a message handed to its link at `now` leaves.
+  int64_t departs(int64_t now) const { return now >= cut_from && now < cut_until ? cut_until : now; }
 };
+
+bool joins(const SimFault& f) { return f.kind == FaultKind::kAdd || f.kind == FaultKind::kCut; }
 
 // The head's model of a worker's step time, for step deadlines: the
 // worker's own cost model, as a head has an emulated worker's (its profile
@@ -87,29 +95,16 @@ class Simulation {
     if (o.max_concurrency < 0) throw std::invalid_argument("simulation: max_concurrency must be >= 0");
     if (o.sample_interval_ns < 0) throw std::invalid_argument("simulation: sample_interval_ns must be >= 0");
     max_model_len_ = std::numeric_limits<int32_t>::max();
-    workers_.reserve(o.workers.size());
+    // Step deadlines matter only when a worker can hang or a link be cut;
+    // predicting every plan's cost costs time otherwise.
+    deadlines_ = std::any_of(o.faults.begin(), o.faults.end(), [](const SimFault& f) {
+      return f.kind == FaultKind::kHang || f.kind == FaultKind::kCut;
+    });
+    const auto joining = static_cast<size_t>(std::count_if(o.faults.begin(), o.faults.end(), joins));
+    workers_.reserve(o.workers.size() + joining);  // never moves: Worker& stay valid as workers join
     for (size_t i = 0; i < o.workers.size(); ++i) {
-      const SimWorkerSpec& s = o.workers[i];
-      if (!s.cost)
-        throw std::invalid_argument("simulation: worker " + std::to_string(i + 1) + " has no cost model");
-      if (s.link.latency_ns < 0 || s.link.bandwidth_bytes_per_s < 0)
-        throw std::invalid_argument("simulation: network latency and bandwidth must be >= 0");
-      if (s.table_blocks < 0) throw std::invalid_argument("simulation: table_blocks must be >= 0");
-      core::WorkerSpec w;
-      w.id = i + 1;
-      w.node = s.node;
-      w.device = s.device;
-      w.scheduler = s.scheduler;
-      w.scheduler.seed = core::splitmix64(o.seed ^ (w.id * 0x51ed));
-      w.scheduler.hash_key = core::splitmix64(o.seed ^ 0x4a54) | 1;  // fixed (0 draws a random key)
-      // Step deadlines matter only when a worker can hang; predicting every
-      // plan's cost costs time otherwise.
-      const bool hangs = std::any_of(o.faults.begin(), o.faults.end(),
-                                     [](const SimFault& f) { return f.kind == FaultKind::kHang; });
-      if (hangs) w.cost = std::make_shared<KnownStepCost>(s.cost);
-      if (auto err = batcher_.add_worker(w)) throw std::invalid_argument("simulation: " + *err);
-      workers_.emplace_back(s, w.id);
-      max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);
+      check_worker(o.workers[i], "worker " + std::to_string(i + 1));
+      join(o.workers[i]);
     }
     const size_t n = workload.size();
     result_.requests.resize(n);
@@ -138,12 +133,22 @@ class Simulation {
                        [](const SimFault& a, const SimFault& b) { return a.at_ns < b.at_ns; });
       for (size_t i = 0; i < faults.size(); ++i) {
         const SimFault& f = faults[i];
-        if (f.worker < 1 || f.worker > o.workers.size())
-          throw std::invalid_argument("simulation: a fault names worker " + std::to_string(f.worker) + " of " +
-                                      std::to_string(o.workers.size()));
+        if (f.kind == FaultKind::kAdd) {
+          if (!f.add) throw std::invalid_argument("simulation: an add names no worker to add");
+          check_worker(*f.add, "an added worker");
+        } else if (f.worker < 1 || f.worker > o.workers.size() + joining) {
+          throw std::invalid_argument(
+              "simulation: a fault names worker " + std::to_string(f.worker) + " of " +
+              std::to_string(o.workers.size()) +
+              (joining ? " (and up to " + std::to_string(joining) + " joining)" : ""));
+        }
+        if (f.kind == FaultKind::kCut && !(f.duration_ns > 0))
+          throw std::invalid_argument("simulation: a cut must last > 0 s");
+        if (f.kind == FaultKind::kCut && f.worker <= o.workers.size())
+          check_cuttable(o.workers[f.worker - 1], f.worker);
         if (f.at_ns < 0) throw std::invalid_argument("simulation: a fault's time must be >= 0");
         if (o.node_loss_ns < 0) throw std::invalid_argument("simulation: node_loss_ns must be >= 0");
-        result_.faults.push_back({f, -1, 0, 0});
+        result_.faults.push_back({f, -1, -1, 0, 0, 0});
         push_work(f.at_ns, EventKind::kFault, i);
       }
       result_.affected.assign(n, 0);
@@ -203,6 +208,7 @@ class Simulation {
     }
     if (checker_) tables_refused_ = !checker_->finish();
     if (o_.sample_interval_ns > 0 && (result_.series.empty() || result_.series.back().t_ns < now_)) sample();
+    for (SeriesPoint& p : result_.series) p.workers.resize(workers_.size());  // zero before a worker joined
     if (o_.progress) o_.progress(finished_, total);
     result_.end_ns = now_;
     for (Worker& w : workers_) {
@@ -311,7 +317,8 @@ class Simulation {
         for (core::Dispatch& d : plans_) {
           Worker& w = workers_[d.worker - 1];
           if (o_.step_log) o_.step_log->planned(d.worker, d.plan);
-          const int64_t arrive = w.down.send(now_, metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
+          const int64_t arrive =
+              w.down.send(w.departs(now_), metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
           w.to_worker.push_back(std::move(d.plan));
           push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
         }
@@ -356,6 +363,34 @@ class Simulation {
     }
   }
 
+  void check_worker(const SimWorkerSpec& s, const std::string& what) const {
+    if (!s.cost) throw std::invalid_argument("simulation: " + what + " has no cost model");
+    if (s.link.latency_ns < 0 || s.link.bandwidth_bytes_per_s < 0)
+      throw std::invalid_argument("simulation: network latency and bandwidth must be >= 0");
+    if (s.table_blocks < 0) throw std::invalid_argument("simulation: table_blocks must be >= 0");
+  }
+  static void check_cuttable(const SimWorkerSpec& s, uint64_t id) {
+    if (s.link.in_process())
+      throw std::invalid_argument("simulation: worker " + std::to_string(id) +
+                                  " runs in the head's process: it has no link to cut (give it a network)");
+  }
+
+  // A worker joins the batcher under the next id (its node registered).
+  uint64_t join(const SimWorkerSpec& s) {
+    core::WorkerSpec w;
+    w.id = workers_.size() + 1;
+    w.node = s.node;
+    w.device = s.device;
+    w.scheduler = s.scheduler;
+    w.scheduler.seed = core::splitmix64(o_.seed ^ (w.id * 0x51ed));
+    w.scheduler.hash_key = core::splitmix64(o_.seed ^ 0x4a54) | 1;  // fixed (0 draws a random key)
+    if (deadlines_) w.cost = std::make_shared<KnownStepCost>(s.cost);
+    if (auto err = batcher_.add_worker(w)) throw std::invalid_argument("simulation: " + *err);
+    workers_.emplace_back(s, w.id);
+    max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);
+    return w.id;
+  }
+
   // Faults. The requests a fault takes off its worker are the affected ones.
   std::vector<size_t> requests_on(uint64_t worker) const {
     std::vector<size_t> out;
@@ -387,10 +422,22 @@ class Simulation {
     w.busy = false;
   }
 
+  // Event targets: k strikes fault k; F + k is the head losing its worker
+  // (a kill's or a long cut's silence); 2F + k a cut link coming back.
   void fault(size_t k) {
-    if (k >= result_.faults.size()) return node_lost(k - result_.faults.size());
+    const size_t nf = result_.faults.size();
+    if (k >= 2 * nf) return link_back(k - 2 * nf);
+    if (k >= nf) return node_lost(k - nf);
     FaultReport& f = result_.faults[k];
+    if (f.fault.kind == FaultKind::kAdd) {
+      f.fault.worker = join(*f.fault.add);
+      touched_.push_back(f.fault.worker);
+      head_changed();
+      return;
+    }
+    if (f.fault.worker > workers_.size()) return;  // not (yet) there
     Worker& w = workers_[f.fault.worker - 1];
+    if (f.fault.kind == FaultKind::kCut) return cut(k, w);
     if (w.gone || w.dead || (w.hung && f.fault.kind != FaultKind::kKill)) return;
     if (f.fault.kind == FaultKind::kHang || (f.fault.kind == FaultKind::kKill && o_.node_loss_ns > 0)) {
       // It stops now (no step ends, a dead one sends nothing); the head
@@ -401,11 +448,7 @@ class Simulation {
         w.dead_at = now_;
         push_work(now_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
       } else {
-        hang_faults_.push_back(k);
-        if (!watchdog_on_) {
-          watchdog_on_ = true;
-          push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
-        }
+        watch(k);
       }
       return;
     }
@@ -435,6 +478,49 @@ class Simulation {
     result_.faults[static_cast<size_t>(w.drain_fault)].removed_ns = now_;
   }
 
+  // The watchdog checks step deadlines while fault k may need it.
+  void watch(size_t k) {
+    watched_.push_back(k);
+    if (!watchdog_on_) {
+      watchdog_on_ = true;
+      push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+    }
+  }
+  bool watching(size_t k) const {
+    const FaultReport& f = result_.faults[k];
+    const Worker& w = workers_[f.fault.worker - 1];
+    return !w.gone && (f.fault.kind == FaultKind::kHang || now_ < f.fault.at_ns + f.fault.duration_ns);
+  }
+
+  // The link to w goes down for the fault's duration. The head hears nothing
+  // from the node meanwhile: past the liveness window it loses it
+  // (node_lost), and the node, its head silent as long, starts over.
+  void cut(size_t k, Worker& w) {
+    const FaultReport& f = result_.faults[k];
+    if (w.gone || w.dead || w.hung || now_ < w.cut_until) return;
+    check_cuttable(*w.spec, w.id);
+    w.cut_from = now_;
+    w.cut_until = now_ + f.fault.duration_ns;
+    const size_t nf = result_.faults.size();
+    if (f.fault.duration_ns >= o_.node_loss_ns) push_work(now_ + o_.node_loss_ns, EventKind::kFault, nf + k);
+    push_work(w.cut_until, EventKind::kFault, 2 * nf + k);
+    watch(k);
+  }
+
+  // A cut link is back. Its held messages are on their way (their events were
+  // pushed when they were sent); a node the head let go meanwhile (lost, or
+  // hung past a step deadline: the head's reset reaches it now) registers
+  // again as a new worker, with an empty KV cache.
+  void link_back(size_t k) {
+    FaultReport& f = result_.faults[k];
+    const Worker& w = workers_[f.fault.worker - 1];
+    f.returned_ns = now_;
+    if (!w.gone || w.dead || w.hung || w.drain_fault >= 0) return;  // only delayed, or gone for good
+    f.new_worker = join(*w.spec);
+    touched_.push_back(f.new_worker);
+    head_changed();
+  }
+
   // The head notices a killed worker's silence (its heartbeats stopped).
   void node_lost(size_t k) {
     FaultReport& f = result_.faults[k];
@@ -454,10 +540,10 @@ class Simulation {
   // The step deadlines: a hung worker is let go when its oldest step is past
   // its deadline (Batcher::take_hung), its requests moved.
   void watchdog() {
-    std::vector<std::pair<size_t, std::vector<size_t>>> on;  // hang fault -> requests on its worker
-    for (size_t k : hang_faults_) {
+    std::vector<std::pair<size_t, std::vector<size_t>>> on;  // watched fault -> requests on its worker
+    for (size_t k : watched_) {
       Worker& w = workers_[result_.faults[k].fault.worker - 1];
-      if (w.gone) continue;
+      if (!watching(k)) continue;
       w.last_stats = batcher_.scheduler(w.id)->stats();
       on.emplace_back(k, requests_on(w.id));
     }
@@ -465,7 +551,10 @@ class Simulation {
     const std::vector<core::HungWorker> hung = batcher_.take_hung(now_);
     for (const core::HungWorker& h : hung) {
       Worker& w = workers_[h.worker - 1];
-      if (!w.hung) w.last_stats = {};  // a worker no fault hung, past its deadline (a cost model far off)
+      // A worker no fault struck, past its deadline (a cost model far off): no stats kept.
+      if (std::none_of(on.begin(), on.end(),
+                       [&](const auto& x) { return result_.faults[x.first].fault.worker == h.worker; }))
+        w.last_stats = {};
       let_go(w);
       for (auto& [k, reqs] : on) {
         FaultReport& f = result_.faults[k];
@@ -480,12 +569,13 @@ class Simulation {
           mine.tokens_recomputed = batcher_.counters().tokens_recomputed - tokens;
         }
         record(f, mine, reqs);
+        break;  // one fault's
       }
     }
-    bool waiting = false;
-    for (size_t k : hang_faults_) waiting |= !workers_[result_.faults[k].fault.worker - 1].gone;
-    watchdog_on_ = waiting;
-    if (waiting) push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+    watched_.erase(std::remove_if(watched_.begin(), watched_.end(), [&](size_t k) { return !watching(k); }),
+                   watched_.end());
+    watchdog_on_ = !watched_.empty();
+    if (watchdog_on_) push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
     if (!hung.empty()) {
       touch_all();
       head_changed();
@@ -543,7 +633,7 @@ class Simulation {
     w.busy_ns += now_ - w.started;
     w.busy = false;
     ++w.steps;
-    const int64_t arrive = w.up.send(now_, metered(w) ? result_wire_bytes(r) : 0, w.spec->link);
+    const int64_t arrive = w.up.send(w.departs(now_), metered(w) ? result_wire_bytes(r) : 0, w.spec->link);
     w.to_head.push_back(std::move(r));
     push_work(arrive, EventKind::kResultArrive, w.id - 1);
     if (!w.queue.empty()) start(w);
@@ -615,8 +705,9 @@ class Simulation {
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
   std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done
-  std::vector<size_t> hang_faults_;  // indices of the hang faults that struck
+  std::vector<size_t> watched_;      // the hangs not found out and cuts not over: the watchdog's
   bool watchdog_on_ = false;
+  bool deadlines_ = false;  // the workers' step deadlines come from their cost models
 };
 
 }  // namespace
@@ -629,6 +720,10 @@ const char* to_string(FaultKind kind) {
       return "hang";
     case FaultKind::kDrain:
       return "drain";
+    case FaultKind::kAdd:
+      return "add";
+    case FaultKind::kCut:
+      return "cut";
   }
   return "?";
 }
@@ -650,7 +745,10 @@ SimFault parse_fault(FaultKind kind, const std::string& text) {
 
 SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOptions& options) {
   if (workload.empty()) throw std::invalid_argument("simulation: the workload is empty");
-  if (options.worker_tables && options.tables_on_thread) {
+  // The tables' thread has one table per worker it starts with: a run in
+  // which workers join checks in line (the same result).
+  if (options.worker_tables && options.tables_on_thread &&
+      std::none_of(options.faults.begin(), options.faults.end(), joins)) {
     Simulation s(workload, options, true);
     SimResult r = s.run();
     if (!s.tables_refused()) return r;

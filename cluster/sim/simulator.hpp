@@ -27,7 +27,13 @@
 //   its requests move and are recomputed), a hung one stops answering until
 //   the batcher's step deadline finds it out (Batcher::take_hung, checked
 //   every watchdog_interval_ns as the batcher actor's timer does), a
-//   drained one takes no new requests (Batcher::drain_worker).
+//   drained one takes no new requests (Batcher::drain_worker). A worker
+//   added joins the batcher (Batcher::add_worker) under the next id. A cut
+//   link holds the messages sent while it is down (both ways, in order) and
+//   delivers them when it is back; a cut of node_loss_ns or more loses the
+//   worker at cut + node_loss_ns (as a kill), and its node registers again,
+//   as a new worker, when the link is back. Step deadlines are checked while
+//   a link is down, so a step held too long is found out as a hang is.
 // - The head is instantaneous: planning costs no virtual time, and tokens
 //   reach the client when their result reaches the head. After each event it
 //   plans the workers whose state changed (Batcher::schedule(now, worker)).
@@ -66,19 +72,28 @@ struct SimWorkerSpec {
   int32_t table_blocks = 0;
 };
 
-// What a scripted fault does to its worker.
+// What a scripted event (a fault, or a change of membership) does.
 enum class FaultKind {
   kKill,   // its process is gone at that instant (SIGKILL): the head removes it when its heartbeats stop
   kHang,   // its steps stop finishing (a stuck device or worker thread; the process still answers
            // heartbeats): found out by the step deadline
   kDrain,  // it is drained (SIGTERM): the requests it has not started move, the rest finish there
+  kAdd,    // a new worker registers (SimFault::add): it takes the next id
+  kCut,    // the link between the head and the worker is down for duration_ns: messages wait;
+           // past the liveness window the head loses it and the node registers again as a new worker
 };
-const char* to_string(FaultKind kind);  // "kill", "hang", "drain"
+const char* to_string(FaultKind kind);  // "kill", "hang", "drain", "add", "cut"
 
 struct SimFault {
+  SimFault() = default;
+  SimFault(FaultKind kind_, uint64_t worker_, int64_t at_ns_, int64_t duration_ns_ = 0,
+           std::shared_ptr<const SimWorkerSpec> add_ = nullptr)
+      : kind(kind_), worker(worker_), at_ns(at_ns_), duration_ns(duration_ns_), add(std::move(add_)) {}
   FaultKind kind = FaultKind::kKill;
-  uint64_t worker = 0;  // 1..N
-  int64_t at_ns = 0;    // virtual time, >= 0
+  uint64_t worker = 0;      // the worker struck, >= 1 (a worker that joins later may be named); add: 0
+  int64_t at_ns = 0;        // virtual time, >= 0
+  int64_t duration_ns = 0;  // cut: how long the link is down, > 0; others 0
+  std::shared_ptr<const SimWorkerSpec> add;  // add: the worker that joins; others null
 };
 // "ID@T": worker ID at T seconds of virtual time ("3@30", "3@1.5"); throws
 // std::invalid_argument naming the text otherwise.
@@ -113,11 +128,13 @@ struct SimOptions {
   // `troupe serve --step-log`'s format (its `ms` the predicted time; idle_ms 0):
   // served and simulated steps side by side. Unset: none.
   std::shared_ptr<core::StepLog> step_log;
-  // Faults to inject, in any order (a second fault on a worker already gone
-  // does nothing).
+  // Faults and membership changes to play, in any order (run in time order,
+  // ties in this order). A fault on a worker already gone, or not yet there,
+  // does nothing; so does a cut on a worker killed, hung or already cut.
   std::vector<SimFault> faults;
   // How often the head checks step deadlines while a hung worker is not yet
-  // found out (the batcher actor's watchdog ticks at a fraction of the floor).
+  // found out or a link is down (the batcher actor's watchdog ticks at a
+  // fraction of the floor).
   int64_t watchdog_interval_ns = 250'000'000;
   // How long after a kill the head notices the silence and removes the
   // worker: its --liveness missed heartbeats of --heartbeat-ms (3 x 1 s by
@@ -159,10 +176,12 @@ struct SeriesPoint {
   std::vector<Worker> workers;
 };
 
-// What one fault did.
+// What one fault or membership change did.
 struct FaultReport {
-  SimFault fault;
+  SimFault fault;                 // add: its worker is the id the new worker got
   int64_t removed_ns = -1;        // when the head let the worker go (kill: at once; hang: its deadline); -1 = never
+  int64_t returned_ns = -1;       // cut: when its link came back; -1 = not by the end, or not a cut
+  uint64_t new_worker = 0;        // cut: the id its node registered under again once let go; 0 = none
   int32_t requests_moved = 0;     // its unfinished requests that moved to other workers
   int64_t tokens_recomputed = 0;  // their tokens whose KV was computed again elsewhere
 };
@@ -172,6 +191,8 @@ struct SimResult {
   std::vector<int64_t> scheduled_ns;          // first admission to a step; -1 = never
   std::vector<int32_t> cached_tokens;         // prompt tokens served from the prefix cache
   std::vector<uint64_t> worker;               // worker first admitting it; 0 = none
+  // Ids 1..N: the options' workers, then those that joined (an add, a node
+  // back after a cut) in the order they joined; zero in the series before.
   std::vector<WorkerReport> workers;
   std::vector<SeriesPoint> series;
   int64_t sample_interval_ns = 0;

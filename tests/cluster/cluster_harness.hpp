@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cluster/client.hpp"
+#include "cluster/sim/cost_profile.hpp"
 #include "jsonl.hpp"
 #include "process.hpp"
 #include "test_utils.hpp"
@@ -134,11 +135,29 @@ struct Head {
   std::optional<transport::CurveClientKeys> client_keys;  // for status() when the head uses CurveZMQ
 };
 
+// A made-up cost profile for emulated workers (`troupe worker --emulate`),
+// written into `dir`: step times pinned at `knots` tokens; its path.
+inline std::string made_up_profile(const TempDir& dir, std::vector<double> knots, std::vector<double> knot_ns,
+                                   int32_t n_positions = 0) {
+  cluster::sim::CostProfile profile;
+  profile.device = "cpu";
+  profile.processor = "a test's made-up profile";
+  profile.kv_bytes_per_token = 4608;
+  if (n_positions > 0) profile.model.n_positions = n_positions;
+  profile.cost.knots = std::move(knots);
+  profile.cost.knot_ns = std::move(knot_ns);
+  const std::string cost = dir.file("cost.json");
+  cluster::sim::write_cost_profile(cost, profile);
+  return cost;
+}
+
+// `prefix`: words before the binary (an `env` with failpoints).
 inline std::unique_ptr<Process> start_worker(const TempDir& dir, const Head& head, const std::string& name,
-                                             std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {
-      bin(), "worker", "--join", head.worker_listen, "--model", tiny_model_dir(), "--num-blocks",
-      "256", "--name", name};
+                                             std::vector<std::string> extra = {},
+                                             std::vector<std::string> prefix = {}) {
+  std::vector<std::string> args = prefix;
+  args.insert(args.end(), {bin(), "worker", "--join", head.worker_listen, "--model", tiny_model_dir(),
+                           "--num-blocks", "256", "--name", name});
   args.insert(args.end(), extra.begin(), extra.end());
   return std::make_unique<Process>(args, dir.file(name + ".log"));
 }

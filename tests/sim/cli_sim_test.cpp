@@ -288,6 +288,66 @@ TEST(CliSimulate, FaultsAreReportedAndDeterministic) {
   EXPECT_EQ(j["completed"].get<int64_t>(), 120);
 }
 
+// --events: a file of the same faults as the flags gives the same run, byte
+// for byte; an add and cuts (one short, one past the liveness window) are
+// reported with the workers that joined, and the same inputs give the same bytes.
+TEST(CliSimulate, AnEventsFileGivesWhatTheFlagsGive) {
+  TempDir d;
+  const std::string args =
+      "--workers 4 --net-latency-us 50 --request-rate 40 --num-requests 120 --random-input-len 40 "
+      "--random-output-len 24 --seed 2 ";
+  std::ofstream(d.file("events.yaml")) << "events:\n  - {at: 0.5, kill: 1}\n  - {at: 0.7, hang: 2}\n"
+                                          "  - {at: 5, drain: 3}\n";
+  auto a = run_command(tcmd(sim_args(args + "--json " + shell_quote(d.file("a.json")) +
+                                     " --fail-worker 1@0.5 --hang-worker 2@0.7 --drain-worker 3@5")));
+  ASSERT_EQ(a.status, 0) << a.output;
+  auto b = run_command(tcmd(sim_args(args + "--json " + shell_quote(d.file("b.json")) + " --events " +
+                                     shell_quote(d.file("events.yaml")))));
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_EQ(read_file(d.file("a.json")), read_file(d.file("b.json")));
+  EXPECT_EQ(json::parse(read_file(d.file("a.json")))["faults"].size(), 3u);
+
+  std::ofstream(d.file("more.yaml")) << "events:\n  - {at: 0.3, add: {node: worker}}\n"
+                                        "  - {at: 0.5, cut: 2, for: 1.2}\n  - {at: 0.6, cut: 3, for: 0.5}\n";
+  const std::string more = args + "--heartbeat-ms 300 --events " + shell_quote(d.file("more.yaml")) +
+                           " --json ";  // lost after 0.9 s
+  auto c = run_command(tcmd(sim_args(more + shell_quote(d.file("c.json")))));
+  ASSERT_EQ(c.status, 0) << c.output;
+  auto c2 = run_command(tcmd(sim_args(more + shell_quote(d.file("c2.json")))));
+  ASSERT_EQ(c2.status, 0) << c2.output;
+  EXPECT_EQ(read_file(d.file("c.json")), read_file(d.file("c2.json")));
+  const json j = json::parse(read_file(d.file("c.json")));
+  EXPECT_EQ(j["completed"], 120);
+  ASSERT_EQ(j["workers"].size(), 6u) << "4, the one added, and worker 2's node registered again";
+  ASSERT_EQ(j["faults"].size(), 3u);
+  EXPECT_EQ(j["faults"][0]["kind"], "add");
+  EXPECT_EQ(j["faults"][0]["worker"], 5);
+  EXPECT_EQ(j["faults"][0]["node"], "worker");
+  EXPECT_EQ(j["faults"][1]["kind"], "cut");
+  EXPECT_DOUBLE_EQ(j["faults"][1]["removed_s"].get<double>(), 1.4)
+      << "the cut + 3 missed heartbeats of 0.3 s";
+  EXPECT_DOUBLE_EQ(j["faults"][1]["returned_s"].get<double>(), 1.7);
+  EXPECT_EQ(j["faults"][1]["new_worker"], 6);
+  EXPECT_GT(j["faults"][1]["requests_moved"].get<int>(), 0);
+  EXPECT_TRUE(j["faults"][2]["removed_s"].is_null()) << "a short cut only delays";
+  EXPECT_EQ(j["faults"][2]["requests_moved"], 0);
+  EXPECT_DOUBLE_EQ(j["faults"][2]["for_s"].get<double>(), 0.5);
+  EXPECT_NE(
+      c.output.find(
+          "cut   worker 2 at 0.500 s: link down for 1.200 s, gone at 1.400 s, back as worker 6 at 1.700 s"),
+      std::string::npos)
+      << c.output;
+
+  std::ofstream(d.file("bad.yaml")) << "events:\n  - {at: 1, kill: 2}\n  - {at: 2, cut: 1, fro: 3}\n";
+  auto e = run_command(tcmd(sim_args("--events " + shell_quote(d.file("bad.yaml")))));
+  EXPECT_EQ(e.status, 1) << e.output;
+  EXPECT_NE(e.output.find("events[1]: unknown key 'fro'"), std::string::npos) << e.output;
+  std::ofstream(d.file("local.yaml")) << "events:\n  - {at: 1, cut: 1, for: 1}\n";
+  e = run_command(tcmd(sim_args("--workers 2 --events " + shell_quote(d.file("local.yaml")))));
+  EXPECT_EQ(e.status, 2) << e.output;
+  EXPECT_NE(e.output.find("no link to cut"), std::string::npos) << e.output;
+}
+
 TEST(CliSimulate, Errors) {
   auto expect = [](const std::string& args, int status, const std::string& what) {
     auto r = run_command(tcmd(args));

@@ -10,21 +10,8 @@
 namespace troupe::cluster::sim {
 namespace {
 
-int64_t parse_memory(const std::string& text) {
-  if (text == "1MiB") return 1 << 20;
-  throw std::invalid_argument("bad size '" + text + "'");
-}
-
-CostProfile small_profile(int32_t block_size = 16, int32_t n_positions = 128) {
-  CostProfile p;
-  p.device = "cpu";
-  p.model.n_positions = n_positions;
-  p.block_size = block_size;
-  p.kv_bytes_per_token = 1024;
-  p.cost.knots = {1};
-  p.cost.knot_ns = {1e6};
-  return p;
-}
+using test::parse_memory;
+using test::small_profile;
 
 struct Files {
   Files() {

@@ -8,7 +8,10 @@
 #include <string>
 
 #include "cluster/sim/cost_model.hpp"
+#include "cluster/sim/cost_profile.hpp"
+#include "cluster/sim/sim_report.hpp"
 #include "cluster/sim/simulator.hpp"
+#include "cluster/sim/workload.hpp"
 
 namespace troupe::cluster::sim::test {
 
@@ -49,6 +52,48 @@ inline SimWorkerSpec worker(std::shared_ptr<const CostModel> cost, int32_t num_b
   w.scheduler.vocab_size = 50257;
   w.scheduler.max_steps_in_flight = 2;
   return w;
+}
+
+// A memory size parser that knows "1MiB" only (the cluster and events files').
+inline int64_t parse_memory(const std::string& text) {
+  if (text == "1MiB") return 1 << 20;
+  throw std::invalid_argument("bad size '" + text + "'");
+}
+
+// A profile of 1 ms steps, 1 KiB of KV per token.
+inline CostProfile small_profile(int32_t block_size = 16, int32_t n_positions = 128) {
+  CostProfile p;
+  p.device = "cpu";
+  p.model.n_positions = n_positions;
+  p.block_size = block_size;
+  p.kv_bytes_per_token = 1024;
+  p.cost.knots = {1};
+  p.cost.knot_ns = {1e6};
+  return p;
+}
+
+// Four workers of 5 ms steps (64 blocks each, round-robin), 200 requests
+// over ~4 s: a fault or an event at 1 s strikes a busy cluster.
+inline std::vector<WorkloadRequest> fault_workload() {
+  SyntheticOptions so;
+  so.num_requests = 200;
+  so.request_rate = 50;
+  so.seed = 9;
+  so.input = parse_length_distribution("uniform:80:0.5");
+  so.output = parse_length_distribution("uniform:40:0.5");
+  return generate_synthetic(so);
+}
+
+inline SimOptions four_workers() {
+  SimOptions o;
+  for (int i = 0; i < 4; ++i) o.workers.push_back(worker(constant_cost(5'000'000), 64));
+  o.batcher.placement = core::PlacementPolicy::kRoundRobin;
+  return o;
+}
+
+// The whole report, as `troupe simulate --json` writes it (without its config).
+inline std::string json_of(const SimResult& r) {
+  return simulation_json(r, simulation_metrics(r, {}), {}).dump();
 }
 
 }  // namespace troupe::cluster::sim::test

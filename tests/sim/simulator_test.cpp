@@ -443,26 +443,9 @@ TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
 namespace troupe::cluster::sim {
 namespace {
 
-// Four workers of 5 ms steps, 200 requests over ~4 s: a fault at 1 s strikes
-// a busy cluster.
-std::vector<WorkloadRequest> fault_workload() {
-  SyntheticOptions so;
-  so.num_requests = 200;
-  so.request_rate = 50;
-  so.seed = 9;
-  so.input = parse_length_distribution("uniform:80:0.5");
-  so.output = parse_length_distribution("uniform:40:0.5");
-  return generate_synthetic(so);
-}
-
-SimOptions four_workers() {
-  SimOptions o;
-  for (int i = 0; i < 4; ++i) o.workers.push_back(worker(constant_cost(5 * kMs), 64));
-  o.batcher.placement = core::PlacementPolicy::kRoundRobin;
-  return o;
-}
-
-std::string json_of(const SimResult& r) { return simulation_json(r, simulation_metrics(r, {}), {}).dump(); }
+using test::fault_workload;
+using test::four_workers;
+using test::json_of;
 
 // A killed worker: the batcher's remove_worker moves its unfinished requests
 // (counted, recomputed), nothing is lost, the worker runs nothing after, and
