@@ -61,7 +61,6 @@ struct Int8Weight {
 // not depend on the block it is in.
 constexpr int64_t kQuantizeBlock = 4096;
 
-// Per output channel (see quantize_int8_per_channel).
 // A source still in its mapped file (SafetensorsFile::map_float) lets go of
 // the pages of the channels just quantized when they lie together (wte, [out,
 // in]: 147 MiB of GPT-2's file is then never resident at once).
@@ -70,6 +69,7 @@ void done_with_channels(const torch::Tensor& t, int64_t out_dim, int64_t n0, int
   if (part.is_contiguous()) release_mapped_pages(part);
 }
 
+// Per output channel (see quantize_int8_per_channel).
 Int8Weight quantize_int8(const torch::Tensor& t_in, WeightLayout layout) {
   const int64_t in_dim = layout == WeightLayout::kInOut ? 0 : 1, out_dim = 1 - in_dim;
   const int64_t N = t_in.size(out_dim);

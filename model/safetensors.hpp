@@ -49,7 +49,9 @@ class SafetensorsFile {
   // to it faults. It keeps the mapping alive; when its storage is freed, or
   // release_mapped_pages() is called on it, its pages leave this process's
   // resident memory (the page cache keeps them). So a loader that packs one
-  // matrix at a time holds one matrix of the file, not the whole file.
+  // matrix at a time holds one matrix of the file, not the whole file. The
+  // file must not be truncated in place while such a tensor lives (troupe
+  // writes model files to a temporary name and renames it).
   torch::Tensor map_float(const std::string& name) const;
 
  private:
