@@ -9,9 +9,9 @@ lengths) with the same fault at the same time:
   --fault drain  the node sent SIGTERM at T (it drains and exits); simulated with --drain-worker K@T
   --fault hang   the node's `worker.step` failpoint hangs its K-th step (TROUPE_FAILPOINTS=worker.step=hang@K
                  in its environment; K from the simulated step rate, so that it fires near T, or --hang-step);
-                 T is when the node printed "failpoint worker.step fired". Simulated with --hang-worker K@T, then
-                 again with the node registering anew (as the real node does when the head resets it) when the
-                 simulated step deadline let it go: an events file with the hang and an `add` at that time.
+                 T is when the node printed "failpoint worker.step fired". Simulated with --hang-worker K@T (the
+                 simulator registers the node anew once the step deadline let it go, as the real node does when
+                 the head resets it).
  Compared: requests moved and tokens recomputed (the head's counters, `troupe status`,
 against the simulation's Faults section), and the median TTFT and E2EL of the requests sent within W seconds
 after the kill (the ones the lost capacity delays; the served run does not say which requests the head moved,
@@ -160,13 +160,8 @@ if a.fault == "hang":
     if not fired:
         raise SystemExit(f"node {a.node}'s failpoint never fired (its step {k}): give --hang-step")
     at = round(fired[0], 3)
+# (A hung node, reset by the head, registers again with a fresh worker: the simulator models it.)
 sim = simulate(work / "sim.json", [flag, f"{victim_id}@{at}"])
-if a.fault == "hang" and sim["faults"][0]["removed_s"] is not None:
-    # The head resets the node it let go; the node registers again with a fresh worker: that add, scripted.
-    events = work / "events.yaml"
-    events.write_text(f"events:\n  - {{at: {at}, hang: {victim_id}}}\n"
-                      f"  - {{at: {sim['faults'][0]['removed_s']}, add: {{node: worker}}}}\n")
-    sim = simulate(work / "sim-rejoin.json", ["--events", str(events)])
 
 print(f"CPU: {procs.cpu_name()}; {a.workers} emulated workers ({a.cost}), node {a.node} (worker {victim_id}) "
       f"{ {'kill': 'killed', 'hang': 'hung', 'drain': 'drained'}[a.fault]} at {at} s; "

@@ -245,6 +245,10 @@ ordered_json fault_json(const SimResult& r) {
       e["returned_s"] = s_or_null(f.returned_ns);
       e["new_worker"] = id_or_null(f.new_worker);
     }
+    if (f.fault.kind == FaultKind::kHang) {
+      e["returned_s"] = s_or_null(f.returned_ns);
+      e["new_worker"] = id_or_null(f.new_worker);
+    }
     if (f.fault.kind == FaultKind::kAdd) e["node"] = f.fault.add ? f.fault.add->node : "";
     list.push_back(std::move(e));
     moved += f.requests_moved;
@@ -285,6 +289,9 @@ std::string format_fault_summary(const SimResult& r) {
         what += f["returned_s"].is_null() ? "not back by the end" : "back at " + at("returned_s");
     } else {
       what = f["removed_s"].is_null() ? "still on the head's books" : "gone at " + at("removed_s");
+      if (f.contains("new_worker") && !f["new_worker"].is_null())
+        what += ", back as worker " + std::to_string(f["new_worker"].get<unsigned long long>()) + " at " +
+                at("returned_s");
     }
     std::snprintf(line, sizeof line,
                   "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n", kind.c_str(),

@@ -67,7 +67,11 @@ struct Worker {
   int64_t departs(int64_t now) const { return now >= cut_from && now < cut_until ? cut_until : now; }
 };
 
+// Faults after which a worker may join that a later fault can name: an add,
+// a node back after a cut.
 bool joins(const SimFault& f) { return f.kind == FaultKind::kAdd || f.kind == FaultKind::kCut; }
+// And all after which one may join: those, and a hung worker started over.
+bool adds_a_worker(const SimFault& f) { return joins(f) || f.kind == FaultKind::kHang; }
 
 // The head's model of a worker's step time, for step deadlines: the
 // worker's own cost model, as a head has an emulated worker's (its profile
@@ -101,7 +105,9 @@ class Simulation {
       return f.kind == FaultKind::kHang || f.kind == FaultKind::kCut;
     });
     const auto joining = static_cast<size_t>(std::count_if(o.faults.begin(), o.faults.end(), joins));
-    workers_.reserve(o.workers.size() + joining);  // never moves: Worker& stay valid as workers join
+    // Never moves: Worker& stay valid as workers join.
+    workers_.reserve(o.workers.size() +
+                     static_cast<size_t>(std::count_if(o.faults.begin(), o.faults.end(), adds_a_worker)));
     for (size_t i = 0; i < o.workers.size(); ++i) {
       check_worker(o.workers[i], "worker " + std::to_string(i + 1));
       join(o.workers[i]);
@@ -426,6 +432,7 @@ class Simulation {
   // (a kill's or a long cut's silence); 2F + k a cut link coming back.
   void fault(size_t k) {
     const size_t nf = result_.faults.size();
+    if (k >= 3 * nf) return restarted(k - 3 * nf);
     if (k >= 2 * nf) return link_back(k - 2 * nf);
     if (k >= nf) return node_lost(k - nf);
     FaultReport& f = result_.faults[k];
@@ -521,6 +528,29 @@ class Simulation {
     head_changed();
   }
 
+  // A worker the head let go as hung starts over, as the real cluster does
+  // (docs/protocol.md, "Step deadlines"): a node, told by the head's reset,
+  // registers again with a fresh worker once the reset and its register
+  // have crossed the link; a worker in the head's process is restarted at
+  // once, at most kLocalRestarts times in a run. Either joins under a new id
+  // with an empty KV cache.
+  static constexpr int kLocalRestarts = 3;
+  void hung_let_go(size_t k, const Worker& w) {
+    if (w.spec->link.in_process()) {
+      if (local_restarts_ >= kLocalRestarts) return;
+      ++local_restarts_;
+      return restarted(k);
+    }
+    push_work(now_ + 2 * w.spec->link.latency_ns, EventKind::kFault, 3 * result_.faults.size() + k);
+  }
+  void restarted(size_t k) {
+    FaultReport& f = result_.faults[k];
+    f.returned_ns = now_;
+    f.new_worker = join(*workers_[f.fault.worker - 1].spec);
+    touched_.push_back(f.new_worker);
+    head_changed();
+  }
+
   // The head notices a killed worker's silence (its heartbeats stopped).
   void node_lost(size_t k) {
     FaultReport& f = result_.faults[k];
@@ -569,6 +599,7 @@ class Simulation {
           mine.tokens_recomputed = batcher_.counters().tokens_recomputed - tokens;
         }
         record(f, mine, reqs);
+        if (f.fault.kind == FaultKind::kHang) hung_let_go(k, w);
         break;  // one fault's
       }
     }
@@ -705,6 +736,7 @@ class Simulation {
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
   std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done
+  int local_restarts_ = 0;            // hung workers of the head's process restarted (hung_let_go)
   std::vector<size_t> watched_;      // the hangs not found out and cuts not over: the watchdog's
   bool watchdog_on_ = false;
   bool deadlines_ = false;  // the workers' step deadlines come from their cost models
@@ -748,7 +780,7 @@ SimResult simulate(const std::vector<WorkloadRequest>& workload, const SimOption
   // The tables' thread has one table per worker it starts with: a run in
   // which workers join checks in line (the same result).
   if (options.worker_tables && options.tables_on_thread &&
-      std::none_of(options.faults.begin(), options.faults.end(), joins)) {
+      std::none_of(options.faults.begin(), options.faults.end(), adds_a_worker)) {
     Simulation s(workload, options, true);
     SimResult r = s.run();
     if (!s.tables_refused()) return r;

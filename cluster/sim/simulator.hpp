@@ -180,8 +180,9 @@ struct SeriesPoint {
 struct FaultReport {
   SimFault fault;                 // add: its worker is the id the new worker got
   int64_t removed_ns = -1;        // when the head let the worker go (kill: at once; hang: its deadline); -1 = never
-  int64_t returned_ns = -1;       // cut: when its link came back; -1 = not by the end, or not a cut
-  uint64_t new_worker = 0;        // cut: the id its node registered under again once let go; 0 = none
+  int64_t returned_ns = -1;       // cut: when its link came back; hang: when its node registered again
+                                  // (or its local worker restarted); -1 = not by the end, or neither
+  uint64_t new_worker = 0;        // cut, hang: the id it registered under again once let go; 0 = none
   int32_t requests_moved = 0;     // its unfinished requests that moved to other workers
   int64_t tokens_recomputed = 0;  // their tokens whose KV was computed again elsewhere
 };

@@ -541,6 +541,44 @@ TEST(SimulatorFaults, AHungWorkerIsFoundOutByTheStepDeadline) {
   const auto j = fault_json(r);
   EXPECT_GT(j["affected"]["median_e2el_ms"].get<double>(), j["unaffected"]["median_e2el_ms"].get<double>());
   EXPECT_EQ(json_of(simulate(w, o)), json_of(r));
+  // As the real head restarts a local worker it let go as hung (under a new
+  // id, an empty KV cache), the simulation does: worker 5 joins then and works.
+  EXPECT_EQ(f.new_worker, 5u);
+  EXPECT_EQ(f.returned_ns, f.removed_ns);
+  ASSERT_EQ(r.workers.size(), 5u);
+  EXPECT_GT(r.workers[4].steps, 0);
+  EXPECT_EQ(j["faults"][0]["new_worker"].get<int>(), 5);
+  EXPECT_NE(format_fault_summary(r).find(", back as worker 5 at "), std::string::npos) << format_fault_summary(r);
+}
+
+// A hung worker on a node: the head's reset crosses the link and the node
+// registers again, one latency each way after the deadline let it go. Local
+// workers are restarted at most three times a run, as the real head does.
+TEST(SimulatorFaults, AHungNodeRegistersAgainAndLocalRestartsAreBounded) {
+  const auto w = fault_workload();
+  SimOptions o = four_workers();
+  o.batcher.step_timeout_floor_ns = 2'000 * kMs;
+  o.watchdog_interval_ns = 100 * kMs;
+  o.workers[2].link.latency_ns = 30 * kMs;
+  o.faults = {{FaultKind::kHang, 3, 1'000 * kMs}};
+  const SimResult remote = simulate(w, o);
+  ASSERT_GE(remote.faults[0].removed_ns, 0);
+  EXPECT_EQ(remote.faults[0].returned_ns, remote.faults[0].removed_ns + 60 * kMs);
+  EXPECT_EQ(remote.faults[0].new_worker, 5u);
+  o.tables_on_thread = true;  // a worker joins: the tables are checked in line, the same result
+  EXPECT_EQ(json_of(simulate(w, o)), json_of(remote));
+
+  SimOptions local = four_workers();
+  local.batcher.step_timeout_floor_ns = 2'000 * kMs;
+  local.watchdog_interval_ns = 100 * kMs;
+  for (uint64_t id = 1; id <= 4; ++id) local.faults.push_back({FaultKind::kHang, id, int64_t(id) * 300 * kMs});
+  const SimResult r = simulate(w, local);
+  for (size_t k = 0; k < 4; ++k) ASSERT_GE(r.faults[k].removed_ns, 0) << k;
+  EXPECT_EQ(r.faults[0].new_worker, 5u);
+  EXPECT_EQ(r.faults[1].new_worker, 6u);
+  EXPECT_EQ(r.faults[2].new_worker, 7u);
+  EXPECT_EQ(r.faults[3].new_worker, 0u) << "a fourth restart: none";
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(r.requests[i].success) << i;
 }
 
 // A drained worker starts nothing new; the requests it had not started move,
