@@ -162,11 +162,8 @@ double roofline_ns(const RooflineSpec& s, const ModelShape& m, const std::string
                                 " peak in its spec");
   if (shape.tokens <= 0) return 0;
   const StepWork w = roofline_work(m, dtype, shape, kv_dtype);
-  const double compute_ns =
-      matrix_tflops == other_tflops
-          ? w.flops / (matrix_tflops * 1e12 * s.compute_efficiency) * 1e9
-          : (w.matrix_flops / matrix_tflops + (w.flops - w.matrix_flops) / other_tflops) /
-                (1e12 * s.compute_efficiency) * 1e9;
+  const double compute_ns = (w.matrix_flops / matrix_tflops + (w.flops - w.matrix_flops) / other_tflops) /
+                            (1e12 * s.compute_efficiency) * 1e9;
   const double memory_ns = w.bytes / (s.memory_gbs * 1e9 * s.bandwidth_efficiency) * 1e9;
   return std::max(compute_ns, memory_ns) + (s.step_overhead_us + s.layer_overhead_us * m.n_layer) * 1e3;
 }

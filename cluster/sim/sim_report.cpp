@@ -240,12 +240,8 @@ ordered_json fault_json(const SimResult& r) {
                       {"removed_s", s_or_null(f.removed_ns)},
                       {"requests_moved", f.requests_moved},
                       {"tokens_recomputed", f.tokens_recomputed}};
-    if (f.fault.kind == FaultKind::kCut) {
-      e["for_s"] = s(f.fault.duration_ns);
-      e["returned_s"] = s_or_null(f.returned_ns);
-      e["new_worker"] = id_or_null(f.new_worker);
-    }
-    if (f.fault.kind == FaultKind::kHang) {
+    if (f.fault.kind == FaultKind::kCut) e["for_s"] = s(f.fault.duration_ns);
+    if (f.fault.kind == FaultKind::kCut || f.fault.kind == FaultKind::kHang) {  // the worker may come back
       e["returned_s"] = s_or_null(f.returned_ns);
       e["new_worker"] = id_or_null(f.new_worker);
     }
@@ -278,20 +274,22 @@ std::string format_fault_summary(const SimResult& r) {
       out += line;
       continue;
     }
+    const bool back_as_new = f.contains("new_worker") && !f["new_worker"].is_null();
+    const std::string back_as =
+        back_as_new ? "back as worker " + std::to_string(f["new_worker"].get<unsigned long long>()) + " at " +
+                          at("returned_s")
+                    : "";
     std::string what;
     if (kind == "cut") {
       what = "link down for " + at("for_s") + ", ";
       if (!f["removed_s"].is_null()) what += "gone at " + at("removed_s") + ", ";
-      if (!f["new_worker"].is_null())
-        what += "back as worker " + std::to_string(f["new_worker"].get<unsigned long long>()) + " at " +
-                at("returned_s");
+      if (back_as_new)
+        what += back_as;
       else
         what += f["returned_s"].is_null() ? "not back by the end" : "back at " + at("returned_s");
     } else {
       what = f["removed_s"].is_null() ? "still on the head's books" : "gone at " + at("removed_s");
-      if (f.contains("new_worker") && !f["new_worker"].is_null())
-        what += ", back as worker " + std::to_string(f["new_worker"].get<unsigned long long>()) + " at " +
-                at("returned_s");
+      if (back_as_new) what += ", " + back_as;
     }
     std::snprintf(line, sizeof line,
                   "%-5s worker %llu at %.3f s: %s, %d requests moved, %lld tokens recomputed\n", kind.c_str(),

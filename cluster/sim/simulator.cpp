@@ -396,6 +396,13 @@ class Simulation {
     max_model_len_ = std::min(max_model_len_, s.scheduler.max_model_len);
     return w.id;
   }
+  // A worker joins a running simulation: the head plans for it at once.
+  uint64_t join_running(const SimWorkerSpec& s) {
+    const uint64_t id = join(s);
+    touched_.push_back(id);
+    head_changed();
+    return id;
+  }
 
   // Faults. The requests a fault takes off its worker are the affected ones.
   std::vector<size_t> requests_on(uint64_t worker) const {
@@ -432,14 +439,12 @@ class Simulation {
   // (a kill's or a long cut's silence); 2F + k a cut link coming back.
   void fault(size_t k) {
     const size_t nf = result_.faults.size();
-    if (k >= 3 * nf) return restarted(k - 3 * nf);
+    if (k >= 3 * nf) return registers_again(k - 3 * nf);
     if (k >= 2 * nf) return link_back(k - 2 * nf);
     if (k >= nf) return node_lost(k - nf);
     FaultReport& f = result_.faults[k];
     if (f.fault.kind == FaultKind::kAdd) {
-      f.fault.worker = join(*f.fault.add);
-      touched_.push_back(f.fault.worker);
-      head_changed();
+      f.fault.worker = join_running(*f.fault.add);
       return;
     }
     if (f.fault.worker > workers_.size()) return;  // not (yet) there
@@ -523,9 +528,7 @@ class Simulation {
     const Worker& w = workers_[f.fault.worker - 1];
     f.returned_ns = now_;
     if (!w.gone || w.dead || w.hung || w.drain_fault >= 0) return;  // only delayed, or gone for good
-    f.new_worker = join(*w.spec);
-    touched_.push_back(f.new_worker);
-    head_changed();
+    registers_again(k);
   }
 
   // A worker the head let go as hung starts over, as the real cluster does
@@ -539,16 +542,15 @@ class Simulation {
     if (w.spec->link.in_process()) {
       if (local_restarts_ >= kLocalRestarts) return;
       ++local_restarts_;
-      return restarted(k);
+      return registers_again(k);
     }
     push_work(now_ + 2 * w.spec->link.latency_ns, EventKind::kFault, 3 * result_.faults.size() + k);
   }
-  void restarted(size_t k) {
+  // Fault k's worker, let go, is back under a new id (a cut's node, a hung one started over).
+  void registers_again(size_t k) {
     FaultReport& f = result_.faults[k];
     f.returned_ns = now_;
-    f.new_worker = join(*workers_[f.fault.worker - 1].spec);
-    touched_.push_back(f.new_worker);
-    head_changed();
+    f.new_worker = join_running(*workers_[f.fault.worker - 1].spec);
   }
 
   // The head notices a killed worker's silence (its heartbeats stopped).
