@@ -130,11 +130,12 @@ void watch(Self self) {
   self->delayed_send(self, kWatchdogInterval, watch_atom::value);
 }
 
-// The failpoint `batcher.run`, at each job the batcher is given: sleep/hang
-// stall it (the head's /health turns 503), error makes it throw (it dies;
+// The failpoint `batcher.run`, at each job the batcher is given (and
+// `batcher.result`, at each step result): sleep/hang stall it (the head's
+// /health turns 503), spin makes it slower, error makes it throw (it dies;
 // the head exits non-zero).
-void failpoint() {
-  const fail::Outcome f = TROUPE_FAILPOINT("batcher.run");
+void failpoint(const char* name = "batcher.run") {
+  const fail::Outcome f = TROUPE_FAILPOINT(name);
   if (f.action == fail::Action::kError) throw std::runtime_error(f.error);
 }
 
@@ -179,6 +180,8 @@ batcher_actor::behavior_type batcher(Self self, core::BatcherOptions options,
         pump(self, worker);
       },
       [=](result_atom, uint64_t worker, core::StepResult& result) {
+        // A cost added to each result the head applies (spin: a slower head; sleep: a stalled one).
+        failpoint("batcher.result");
         auto& st = self->state;
         if (st.step_log) st.step_log->done(worker, result);
         if (auto broken = st.core->on_result(worker, result, now_ns(self))) {

@@ -44,14 +44,15 @@ def cpu_seconds(pid):
 class Head:
     """`troupe serve` with `extra` flags; waits until `workers` workers have joined (default: --workers N)."""
 
-    def __init__(self, troupe, model, work, tag, extra, workers=None):
+    def __init__(self, troupe, model, work, tag, extra, workers=None, env=None, cpus=None):
         self.troupe = troupe
         ready = Path(work) / f"ready-{tag}"
         ready.unlink(missing_ok=True)
         self.log = open(Path(work) / f"head-{tag}.log", "w")
-        self.p = subprocess.Popen([troupe, "serve", "--model", model, "--listen", "tcp://127.0.0.1:*",
-                                   "--worker-listen", "tcp://127.0.0.1:*", "--ready-file", str(ready), "--quiet"]
-                                  + extra, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen(pinned(cpus) + [troupe, "serve", "--model", model, "--listen", "tcp://127.0.0.1:*",
+                                                  "--worker-listen", "tcp://127.0.0.1:*", "--ready-file", str(ready),
+                                                  "--quiet"] + extra, env=dict(ENV, **(env or {})),
+                                  stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(1200):
             if ready.exists():
                 break
@@ -89,29 +90,44 @@ class Head:
 class Node:
     """`troupe worker --join` the head with `extra` flags (and `env`, more environment: failpoints)."""
 
-    def __init__(self, troupe, model, work, tag, head, extra, env=None):
+    def __init__(self, troupe, model, work, tag, head, extra, env=None, cpus=None):
         self.log = open(Path(work) / f"node-{tag}.log", "w")
-        self.p = subprocess.Popen([troupe, "worker", "--join", head.worker_listen, "--model", model, "--name", tag]
-                                  + extra, env=dict(ENV, **(env or {})), stdout=self.log, stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen(pinned(cpus) + [troupe, "worker", "--join", head.worker_listen, "--model", model,
+                                                  "--name", tag] + extra,
+                                  env=dict(ENV, **(env or {})), stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self):
         self.p.terminate()
         self.p.wait(timeout=120)
 
 
+def pinned(cpus):
+    """The prefix that runs a command on `cpus` ("1", "0-3"), or none."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def split_cpus():
+    """(the head's CPU, the others'): the last usable CPU, and the rest, as taskset lists."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("pinning needs 2 CPUs at least")
+    return str(cpus[-1]), ",".join(str(c) for c in cpus[:-1])
+
+
 def emulated_cluster(troupe, model, work, tag, workers, per_node, cost, time_scale, num_blocks, head_extra=(),
-                     node_env=None):
-    """A head alone (with `head_extra` flags) and `workers` emulated workers (`troupe worker --emulate`),
-    `per_node` to a node, all joined: (head, nodes). node_env: {node index: more environment}. Stop the
-    nodes, then the head."""
-    head = Head(troupe, model, work, tag, ["--workers", "0"] + list(head_extra), workers=0)
+                     node_env=None, head_env=None, head_cpus=None, node_cpus=None):
+    """A head alone (with `head_extra` flags, `head_env` more environment, on `head_cpus`) and `workers`
+    emulated workers (`troupe worker --emulate`, on `node_cpus`), `per_node` to a node, all joined: (head,
+    nodes). node_env: {node index: more environment}. Stop the nodes, then the head."""
+    head = Head(troupe, model, work, tag, ["--workers", "0"] + list(head_extra), workers=0, env=head_env,
+                cpus=head_cpus)
     nodes = []
     try:
         for i in range(0, workers, per_node):
             n = min(per_node, workers - i)
             nodes.append(Node(troupe, model, work, f"{tag}-n{i}", head,
                               ["--workers", str(n), "--emulate", cost, "--emulate-time-scale", str(time_scale),
-                               "--num-blocks", str(num_blocks)], (node_env or {}).get(len(nodes))))
+                               "--num-blocks", str(num_blocks)], (node_env or {}).get(len(nodes)), node_cpus))
         head.wait_workers(workers)
     except BaseException:
         for n in nodes:

@@ -2,12 +2,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "cli/command.hpp"
+#include "cluster/loadgen/head_profiler.hpp"
 #include "cluster/sim/live/cost_profiler.hpp"
 #include "cluster/sim/roofline.hpp"
 #include "model/gpt2.hpp"
@@ -25,6 +27,8 @@ struct ProfileFlags {
   int threads = 0;
   bool quiet = false;
   cluster::ProfileOptions options;
+  bool head = false;  // --head: the head's cost per event, not a worker's step time
+  cluster::HeadProfileOptions head_options;
 };
 
 void print_error_line(const char* label, const cluster::sim::FitError& e) {
@@ -99,7 +103,31 @@ int run_roofline(const ProfileFlags& f) {
   return 0;
 }
 
+// --head: a real head with emulated workers, its CPU per event.
+int run_head_profile(ProfileFlags& f) {
+  if (f.out.empty()) throw std::invalid_argument("--out is required");
+  if (f.model.empty()) throw std::invalid_argument("--head needs --model (the head's tokenizer and config)");
+  cluster::HeadProfileOptions& o = f.head_options;
+  o.troupe = std::filesystem::read_symlink("/proc/self/exe").string();
+  o.model = f.model;
+  o.max_model_len = model::Gpt2Config::from_json_file(f.model + "/config.json").n_positions;
+  if (o.work_dir.empty()) o.work_dir = f.out + ".d";
+  if (!f.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "profile --head: %s\n", line.c_str()); };
+  const cluster::sim::HeadProfile p = cluster::profile_head(o);
+  cluster::sim::write_head_profile(f.out, p);
+  const cluster::sim::HeadCost& c = p.cost;
+  std::printf("%s: the head on %s, %s\n", f.out.c_str(), p.processor.c_str(), p.setup.c_str());
+  std::printf("per request %.1f us, per step result %.1f us, per token %.1f us; idle %.1f%% of a CPU\n",
+              c.request_ns / 1e3, c.step_ns / 1e3, c.token_ns / 1e3, 100 * c.idle_share);
+  std::printf("fit error over the %zu runs: median %.1f%%, max %.1f%% (logs in %s)\n", p.runs.size(),
+              p.fit_median_pct, p.fit_max_pct, o.work_dir.c_str());
+  return 0;
+}
+
 int run_profile(ProfileFlags& f) {
+  if (f.head) return run_head_profile(f);
+  if (!f.head_options.emulate.empty() || f.head_options.pin)
+    throw std::invalid_argument("--emulate and --pin measure the head: give --head");
   if (f.out.empty() && f.against.empty()) throw std::invalid_argument("--out is required");
   f.options.stat = cluster::sim::parse_rep_stat(f.stat);
   if (!f.refit.empty()) {
@@ -197,6 +225,20 @@ void add_profile_command(CLI::App& app, Registry& registry) {
   sub->add_option("--against", f->against,
                   "With --roofline: compare it with measured steps (a cost profile's points, or "
                   "bench/gpu/gpt2_steps.py's CSV) per class of step, instead of writing a profile");
+  sub->add_flag("--head", f->head,
+                "Measure the head instead of a worker: a real head (troupe serve) with emulated workers under "
+                "load, its CPU per request, step result and token (the file simulate --head-cost reads)");
+  sub->add_option("--emulate", f->head_options.emulate, "With --head: the emulated workers' cost profile");
+  sub->add_option("--emulate-time-scale", f->head_options.time_scale,
+                  "With --head: the emulated steps take this much of the profile's time")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--workers", f->head_options.workers, "With --head: emulated workers (16 a node)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--seconds", f->head_options.seconds, "With --head: about how long each measured run lasts")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--pin", f->head_options.pin,
+                "With --head: the head on a CPU of its own, the emulated workers and the client on the others");
+  sub->add_option("--work-dir", f->head_options.work_dir, "With --head: the processes' logs (default: OUT.d)");
   sub->add_flag("--quiet", f->quiet, "No progress on stderr");
   registry.push_back({sub, [f] { return run_profile(*f); }});
 }

@@ -54,6 +54,7 @@ struct SimulateFlags {
   std::vector<std::string> goodput;
   std::vector<std::string> fail_workers, hang_workers, drain_workers;  // ID@SECONDS each
   std::string events;                                                  // an events file (event_file.hpp)
+  std::string head_cost;  // troupe profile --head's file: the head as a server with a queue
   int32_t heartbeat_ms = 1000, liveness = 3;                           // the head's: a kill is noticed after both
   double slo_attainment = 0.9, sample_interval_s = 1;
   CLI::App* app = nullptr;
@@ -208,6 +209,7 @@ struct Setup {
   sim::CostProfiles profiles;
   Workload workload;
   std::vector<sim::EventEntry> events;  // --events, read once
+  sim::HeadCost head;                   // --head-cost, read once (free without)
   core::MetricsOptions metrics;
   sim::SloCheck slo;
 };
@@ -235,6 +237,7 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   for (sim::SimFault& e : sim::resolve_events(s.events, spec, s.profiles, f.cost))
     o.faults.push_back(std::move(e));
   o.node_loss_ns = int64_t{f.heartbeat_ms} * f.liveness * 1'000'000;
+  o.head = s.head;
   if (!f.step_log.empty()) {
     if (f.given("--sweep") || f.find_workers)
       throw std::invalid_argument("--step-log writes one run's steps: not with --sweep or --find-workers");
@@ -277,6 +280,17 @@ ordered_json config_json(const SimulateFlags& f, const sim::ClusterSpec& spec, c
           {"sample_interval_s", f.sample_interval_s},
           {"network_message_bytes", "estimated from each plan's contents"}};
 }
+// config_json, and the head's cost when it has one.
+ordered_json config_json(const SimulateFlags& f, const Setup& s, const ordered_json& workload) {
+  ordered_json j = config_json(f, s.spec, workload);
+  if (!s.head.free())
+    j["head_cost"] = {{"file", f.head_cost},
+                      {"request_ns", s.head.request_ns},
+                      {"step_ns", s.head.step_ns},
+                      {"token_ns", s.head.token_ns},
+                      {"idle_share", s.head.idle_share}};
+  return j;
+}
 
 struct Run {
   sim::SimResult result;
@@ -317,7 +331,7 @@ void write_search_json(const SimulateFlags& f, const Setup& s, const char* rows_
                        const char* answer_key, ordered_json answer) {
   if (f.json.empty()) return;
   ordered_json j;
-  j["simulation"] = config_json(f, s.spec, s.workload.description);
+  j["simulation"] = config_json(f, s, s.workload.description);
   j[rows_key] = std::move(rows);
   j[answer_key] = std::move(answer);
   write_json(f.json, j);
@@ -414,6 +428,7 @@ int run_simulate(const SimulateFlags& f) {
   s.spec = cluster_spec(f);
   s.workload = make_workload(f);
   if (!f.events.empty()) s.events = sim::load_events_file(f.events, actors::parse_memory_size);
+  if (!f.head_cost.empty()) s.head = sim::read_head_profile(f.head_cost).cost;
   s.metrics.percentiles = parse_percentiles(f.percentiles);
   s.metrics.slo = core::parse_slo(f.goodput);
   s.slo.slo = s.metrics.slo;
@@ -436,7 +451,7 @@ int run_simulate(const SimulateFlags& f) {
     sim::ReportOptions ro;
     ro.metrics = s.metrics;
     ro.itls = f.json_itls;
-    ro.config = config_json(f, s.spec, r.workload);
+    ro.config = config_json(f, s, r.workload);
     ordered_json j;
     j["backend"] = "troupe-simulate";
     j["num_prompts"] = r.result.requests.size();
@@ -525,6 +540,9 @@ void add_simulate_command(CLI::App& app, Registry& registry) {
   sub->add_option("--events", f->events,
                   "Events file (YAML): kill, hang, drain, cut a link for a while, add a worker, each at a "
                   "time (with the flags above)");
+  sub->add_option("--head-cost", f->head_cost,
+                  "The head's cost per event (troupe profile --head's file): the head becomes one server with "
+                  "a queue, and the report its utilisation");
   sub->add_option("--heartbeat-ms", f->heartbeat_ms,
                   "The head's heartbeat interval (serve's): a killed worker is noticed after --liveness of them")
       ->check(CLI::Range(1, 3'600'000));

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,7 +22,7 @@
 namespace troupe::fail {
 namespace {
 
-enum class Kind { kOff, kDrop, kError, kSleep, kHang, kCrash };
+enum class Kind { kOff, kDrop, kError, kSleep, kHang, kCrash, kSpin };
 
 // Which hits fire, by the failpoint's 1-based hit number n.
 struct Trigger {
@@ -36,11 +37,13 @@ struct Entry {
   std::string spelled;  // the action as the log line names it: "sleep(2000)"
   std::string error;    // kError: the text handed to the caller
   uint64_t ms = 0;      // kSleep
+  uint64_t us = 0;      // kSpin
   Trigger trigger;
   uint64_t stream = 0;  // kPercent: key of this entry's draws (seed, name, position)
 };
 
 constexpr uint64_t kMaxSleepMs = 86'400'000;  // a day; longer stalls are what hang is for
+constexpr uint64_t kMaxSpinUs = 1'000'000;    // a second of one CPU
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -128,8 +131,15 @@ class EntryParser {
       e.ms = whole(form);
       if (e.ms > kMaxSleepMs || !eat(')')) refuse(form);
       e.spelled = word + "(" + std::to_string(e.ms) + ")";
+    } else if (word == "spin") {
+      e.kind = Kind::kSpin;
+      const std::string form = "spin(us) with us a whole number 0.." + std::to_string(kMaxSpinUs);
+      if (!eat('(')) refuse(form);
+      e.us = whole(form);
+      if (e.us > kMaxSpinUs || !eat(')')) refuse(form);
+      e.spelled = "spin(" + std::to_string(e.us) + ")";
     } else {
-      refuse("an action: off, drop, error, error(text), hang, sleep(ms), delay(ms) or crash");
+      refuse("an action: off, drop, error, error(text), hang, sleep(ms), delay(ms), spin(us) or crash");
     }
     return e;
   }
@@ -232,12 +242,25 @@ void hang() {
   s.hang_cv.wait(lock, [&] { return s.releases != seen; });
 }
 
+// Keeps the calling thread's CPU busy for `us` microseconds (its own CPU
+// time, so that a process's CPU accounts for it, unlike a sleep).
+void spin(uint64_t us) {
+  timespec t0{}, t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  const int64_t until = t0.tv_sec * 1'000'000'000LL + t0.tv_nsec + static_cast<int64_t>(us) * 1000;
+  do {
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  } while (t.tv_sec * 1'000'000'000LL + t.tv_nsec < until);
+}
+
 Outcome act(std::string_view name, const Entry& e, uint64_t n) {
   if (e.kind == Kind::kOff) return {};
   // One write of the whole line, so lines from different threads do not mix.
+  // A spin is a cost added to many hits, not a fault: printed at hits 1, 2,
+  // 4, 8, ... only.
   const std::string line = "troupe: failpoint " + std::string(name) + " fired: " + e.spelled + " (hit " +
                            std::to_string(n) + ")\n";
-  std::fputs(line.c_str(), stderr);
+  if (e.kind != Kind::kSpin || (n & (n - 1)) == 0) std::fputs(line.c_str(), stderr);
   switch (e.kind) {
     case Kind::kOff:
       break;
@@ -250,6 +273,9 @@ Outcome act(std::string_view name, const Entry& e, uint64_t n) {
       break;
     case Kind::kHang:
       hang();
+      break;
+    case Kind::kSpin:
+      spin(e.us);
       break;
     case Kind::kCrash:
       std::_Exit(134);  // as abort() would end it: no destructors, no flush

@@ -15,7 +15,7 @@
 
 namespace troupe::fail {
 
-// What the caller must do. sleep, hang and crash are done inside hit().
+// What the caller must do. sleep, spin, hang and crash are done inside hit().
 enum class Action { kNone, kDrop, kError };
 
 struct Outcome {
@@ -36,7 +36,8 @@ inline bool enabled() noexcept {
 // Counts one hit of `name` and acts on the first of its entries whose trigger
 // fires: sleeps or hangs the calling thread, ends the process (crash), or
 // returns drop / error. A name absent from the spec returns kNone uncounted.
-// Each action taken prints one line to stderr:
+// Each action taken prints one line to stderr (a spin, a cost added to many
+// hits, only at hits 1, 2, 4, 8, ...):
 //   troupe: failpoint <name> fired: <action> (hit N)
 [[gnu::cold]] Outcome hit(std::string_view name);
 

@@ -1,5 +1,6 @@
 #include "core/host_info.hpp"
 
+#include <ctime>
 #include <fstream>
 
 namespace troupe::core {
@@ -18,6 +19,15 @@ const std::string& cpu_model_name() {
     return std::string("unknown CPU");
   }();
   return name;
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace troupe::core

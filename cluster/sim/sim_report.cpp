@@ -17,6 +17,9 @@ double s(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 double utilization(const WorkerReport& w, const SimResult& r) {
   return r.end_ns > 0 ? static_cast<double>(w.busy_ns) / static_cast<double>(r.end_ns) : 0.0;
 }
+double head_utilization(const SimResult& r) {
+  return r.end_ns > 0 ? static_cast<double>(r.head_busy_ns) / static_cast<double>(r.end_ns) : 0.0;
+}
 
 std::ofstream open_csv(const std::filesystem::path& p) {
   std::ofstream out(p);
@@ -87,6 +90,9 @@ ordered_json simulation_json(const SimResult& r, const core::ServingMetrics& m, 
   j["prefix_cache_hit_rate"] = query ? static_cast<double>(hit) / static_cast<double>(query) : 0.0;
   j["clipped_requests"] = r.clipped;
   j["events"] = r.events;
+  if (r.head_busy_ns > 0)
+    j["head"] = {{"utilization", head_utilization(r)}, {"busy_s", s(r.head_busy_ns)},
+                 {"max_wait_ms", ms(r.head_max_wait_ns)}};
   j["workers"] = std::move(workers);
   if (!r.faults.empty()) {
     const ordered_json faults = fault_json(r);  // kept alive: items() is a view
@@ -96,7 +102,8 @@ ordered_json simulation_json(const SimResult& r, const core::ServingMetrics& m, 
   ordered_json series;
   series["interval_s"] = s(r.sample_interval_ns);
   ordered_json t = ordered_json::array(), waiting = ordered_json::array(), running = ordered_json::array(),
-               client = ordered_json::array(), tok = ordered_json::array(), fin = ordered_json::array();
+               client = ordered_json::array(), tok = ordered_json::array(), fin = ordered_json::array(),
+               head = ordered_json::array();
   std::vector<ordered_json> busy(r.workers.size(), ordered_json::array()),
       kv(r.workers.size(), ordered_json::array()), wr(r.workers.size(), ordered_json::array()),
       ww(r.workers.size(), ordered_json::array()), pre(r.workers.size(), ordered_json::array());
@@ -108,6 +115,7 @@ ordered_json simulation_json(const SimResult& r, const core::ServingMetrics& m, 
     waiting.push_back(p.waiting);
     running.push_back(p.running);
     client.push_back(p.client_queue);
+    head.push_back(p.head_busy);
     tok.push_back(static_cast<double>(p.output_tokens) / span);
     fin.push_back(p.finished / span);
     for (size_t k = 0; k < p.workers.size(); ++k) {
@@ -124,6 +132,7 @@ ordered_json simulation_json(const SimResult& r, const core::ServingMetrics& m, 
   series["client_queue"] = std::move(client);
   series["output_tokens_per_s"] = std::move(tok);
   series["finished_per_s"] = std::move(fin);
+  if (r.head_busy_ns > 0) series["head_busy"] = std::move(head);
   ordered_json sw = ordered_json::array();
   for (size_t k = 0; k < r.workers.size(); ++k) {
     sw.push_back({{"id", r.workers[k].id},
@@ -145,7 +154,8 @@ void write_csv_reports(const std::string& dir, const SimResult& r) {
   const std::filesystem::path d(dir);
   {
     auto out = open_csv(d / "series.csv");
-    out << "t_s,waiting,running,client_queue,output_tokens_per_s,finished_per_s";
+    const bool head = r.head_busy_ns > 0;
+    out << "t_s,waiting,running,client_queue,output_tokens_per_s,finished_per_s" << (head ? ",head_busy" : "");
     for (const auto& w : r.workers)
       for (const char* c : {"busy", "kv_use", "running", "waiting", "preemptions"})
         out << ",w" << w.id << "_" << c;
@@ -156,6 +166,7 @@ void write_csv_reports(const std::string& dir, const SimResult& r) {
       prev = p.t_ns;
       out << s(p.t_ns) << ',' << p.waiting << ',' << p.running << ',' << p.client_queue << ','
           << p.output_tokens / span << ',' << p.finished / span;
+      if (head) out << ',' << p.head_busy;
       for (size_t k = 0; k < p.workers.size(); ++k) {
         const auto& x = p.workers[k];
         out << ',' << x.busy << ',' << static_cast<double>(x.blocks_used) / r.workers[k].num_blocks << ','
@@ -349,6 +360,11 @@ std::string format_cluster_summary(const SimResult& r, size_t max_rows) {
                 static_cast<long long>(tokens), static_cast<long long>(pre),
                 query ? 100.0 * hit / query : 0.0, peak_wait, r.clipped);
   out += line;
+  if (r.head_busy_ns > 0) {
+    std::snprintf(line, sizeof line, "head: utilisation %.1f%% (busy %.3f s), longest wait for it %.3f ms\n",
+                  100 * head_utilization(r), s(r.head_busy_ns), ms(r.head_max_wait_ns));
+    out += line;
+  }
   return out;
 }
 

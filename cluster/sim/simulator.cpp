@@ -98,6 +98,10 @@ class Simulation {
     if (o.workers.empty()) throw std::invalid_argument("simulation: no workers");
     if (o.max_concurrency < 0) throw std::invalid_argument("simulation: max_concurrency must be >= 0");
     if (o.sample_interval_ns < 0) throw std::invalid_argument("simulation: sample_interval_ns must be >= 0");
+    const HeadCost& h = o.head;
+    if (!(h.request_ns >= 0 && h.step_ns >= 0 && h.token_ns >= 0 && h.idle_share >= 0 && h.idle_share < 1))
+      throw std::invalid_argument("simulation: the head's costs must be >= 0 and its idle share in [0, 1)");
+    head_costs_ = !h.free();
     max_model_len_ = std::numeric_limits<int32_t>::max();
     // Step deadlines matter only when a worker can hang or a link be cut;
     // predicting every plan's cost costs time otherwise.
@@ -179,8 +183,15 @@ class Simulation {
                                std::to_string(total - finished_) + " requests unfinished");
       }
       const Event e = events_.pop();
-      now_ = e.time;
+      now_ = event_time_ = e.time;
       ++result_.events;
+      // A head with a cost is one server: its events wait for it, in order.
+      const bool at_head = head_costs_ && e.kind != EventKind::kStepDone && e.kind != EventKind::kPlanArrive &&
+                           e.kind != EventKind::kSample;
+      if (at_head && head_free_ > now_) {
+        result_.head_max_wait_ns = std::max(result_.head_max_wait_ns, head_free_ - now_);
+        now_ = head_free_;
+      }
       switch (e.kind) {
         case EventKind::kStepDone:
           step_done(workers_[e.target]);
@@ -192,7 +203,7 @@ class Simulation {
           result_arrives(workers_[e.target]);
           break;
         case EventKind::kDeadline:
-          if (deadline_ && *deadline_ == now_) deadline_.reset();
+          if (deadline_ && *deadline_ == event_time_) deadline_.reset();
           head_changed();
           break;
         case EventKind::kFault:
@@ -209,6 +220,7 @@ class Simulation {
           if (finished_ < total) events_.push(now_ + o_.sample_interval_ns, EventKind::kSample, 0);
           break;
       }
+      if (at_head) head_free_ = now_;  // charge() moved it on by the event's cost
       if (e.kind != EventKind::kSample) --pending_work_events_;
       if (o_.progress && (result_.events & 0xffff) == 0) o_.progress(finished_, total);
     }
@@ -246,7 +258,16 @@ class Simulation {
   }
   bool only_samples_left() const { return pending_work_events_ == 0; }
 
+  // The head spends `cpu_ns` of its CPU on the event it is handling: what it
+  // does after happens that much later (SimOptions::head).
+  void charge(double cpu_ns) {
+    const int64_t d = o_.head.service_ns(cpu_ns);
+    now_ += d;
+    result_.head_busy_ns += d;
+  }
+
   void arrival(size_t i) {
+    client_clock_ = event_time_;  // the client sends it now, whether or not the head is free
     client_queue_.push_back(i);
     if (o_.max_concurrency > 0 && outstanding_ >= o_.max_concurrency) return;
     head_changed();
@@ -280,11 +301,12 @@ class Simulation {
     r.sampling.temperature = 0;  // greedy, as the cost profile measured
     r.seed = i;
     core::RequestTiming& t = result_.requests[i];
-    t.start_ns = now_;
+    t.start_ns = head_costs_ ? client_clock_ : now_;
     t.prompt_tokens = w.input_len;
     t.token_ns.reserve(static_cast<size_t>(w.output_len));  // one allocation of its final size
     ++outstanding_;
     state_[i] = 1;
+    if (head_costs_) charge(o_.head.request_ns);
     if (auto err = batcher_.submit(std::move(r), now_)) {
       t.success = false;
       t.error = *err;
@@ -296,6 +318,7 @@ class Simulation {
   }
 
   void done(size_t i) {
+    client_clock_ = now_;  // the client hears of it now, and may send the next
     state_[i] = 2;
     --outstanding_;
     ++finished_;
@@ -332,8 +355,8 @@ class Simulation {
       drain_events();
     } while (release_clients());
     if (auto d = batcher_.next_deadline(); d && (!deadline_ || *d < *deadline_)) {
-      deadline_ = *d;
-      push_work(std::max(*d, now_), EventKind::kDeadline, 0);
+      deadline_ = std::max(*d, now_);  // the timer's time: the kDeadline event clears it
+      push_work(*deadline_, EventKind::kDeadline, 0);
     }
   }
 
@@ -457,8 +480,8 @@ class Simulation {
       w.hung = true;
       if (f.fault.kind == FaultKind::kKill) {
         w.dead = true;
-        w.dead_at = now_;
-        push_work(now_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
+        w.dead_at = event_time_;
+        push_work(event_time_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
       } else {
         watch(k);
       }
@@ -509,12 +532,13 @@ class Simulation {
   // (node_lost), and the node, its head silent as long, starts over.
   void cut(size_t k, Worker& w) {
     const FaultReport& f = result_.faults[k];
-    if (w.gone || w.dead || w.hung || now_ < w.cut_until) return;
+    if (w.gone || w.dead || w.hung || event_time_ < w.cut_until) return;
     check_cuttable(*w.spec, w.id);
-    w.cut_from = now_;
-    w.cut_until = now_ + f.fault.duration_ns;
+    w.cut_from = event_time_;
+    w.cut_until = event_time_ + f.fault.duration_ns;
     const size_t nf = result_.faults.size();
-    if (f.fault.duration_ns >= o_.node_loss_ns) push_work(now_ + o_.node_loss_ns, EventKind::kFault, nf + k);
+    if (f.fault.duration_ns >= o_.node_loss_ns)
+      push_work(event_time_ + o_.node_loss_ns, EventKind::kFault, nf + k);
     push_work(w.cut_until, EventKind::kFault, 2 * nf + k);
     watch(k);
   }
@@ -676,6 +700,8 @@ class Simulation {
     if (w.gone) return;  // sent before it went; the head drops it
     core::StepResult r = std::move(w.to_head.front());
     w.to_head.pop_front();
+    if (head_costs_)
+      charge(o_.head.step_ns + o_.head.token_ns * static_cast<double>(r.outputs.size()));
     if (o_.step_log) o_.step_log->done(w.id, r);
     if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
     w.spare_outputs = std::move(r.outputs);
@@ -695,6 +721,9 @@ class Simulation {
     tokens_in_interval_ = 0;
     finished_in_interval_ = 0;
     const int64_t span = result_.series.empty() ? now_ : now_ - result_.series.back().t_ns;
+    if (span > 0)
+      p.head_busy = static_cast<double>(result_.head_busy_ns - head_busy_at_sample_) / static_cast<double>(span);
+    head_busy_at_sample_ = result_.head_busy_ns;
     for (Worker& w : workers_) {
       SeriesPoint::Worker x;
       const int64_t busy = w.busy_until(now_);
@@ -722,7 +751,12 @@ class Simulation {
   std::vector<Worker> workers_;
   EventQueue events_;
   SimResult result_;
-  int64_t now_ = 0;
+  int64_t now_ = 0;         // the time of the event being handled; the head's, past its queue
+  int64_t event_time_ = 0;  // that event's own time
+  bool head_costs_ = false;     // SimOptions::head is not free
+  int64_t head_free_ = 0;       // when the head is done with the events it has taken
+  int64_t client_clock_ = 0;    // when clients last acted (sent, or heard a request end)
+  int64_t head_busy_at_sample_ = 0;
   int32_t max_model_len_ = 0;
   int64_t finished_ = 0;
   int32_t outstanding_ = 0;

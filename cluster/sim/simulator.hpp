@@ -34,9 +34,14 @@
 //   worker at cut + node_loss_ns (as a kill), and its node registers again,
 //   as a new worker, when the link is back. Step deadlines are checked while
 //   a link is down, so a step held too long is found out as a hang is.
-// - The head is instantaneous: planning costs no virtual time, and tokens
-//   reach the client when their result reaches the head. After each event it
-//   plans the workers whose state changed (Batcher::schedule(now, worker)).
+// - The head is instantaneous by default: planning costs no virtual time, and
+//   tokens reach the client when their result reaches the head. With a head
+//   cost (SimOptions::head, `troupe profile --head`) it is one server with a
+//   queue: a request taken in and a step result applied (with its tokens
+//   routed) each take their cost, in arrival order, and what the head does
+//   (plans sent, tokens streamed, requests placed) happens when it is done.
+//   Either way, after each event it plans the workers whose state changed
+//   (Batcher::schedule(now, worker)).
 // - Clients: each workload request is sent at its arrival time, or, with a
 //   concurrency limit, when fewer than that many are outstanding (its
 //   latencies count from the send, as vLLM's benchmark counts them).
@@ -51,6 +56,7 @@
 #include <vector>
 
 #include "cluster/sim/cost_model.hpp"
+#include "cluster/sim/head_cost.hpp"
 #include "cluster/sim/network.hpp"
 #include "cluster/sim/prompt_builder.hpp"
 #include "cluster/sim/workload.hpp"
@@ -140,6 +146,8 @@ struct SimOptions {
   // worker: its --liveness missed heartbeats of --heartbeat-ms (3 x 1 s by
   // default). Until then plans still go to the dead worker. 0 = at once.
   int64_t node_loss_ns = 3'000'000'000;
+  // The head's own cost per event (head_cost.hpp); free() = an instantaneous head.
+  HeadCost head;
   // Called now and then (every 2^16 events) and at the end: requests finished, of total.
   std::function<void(int64_t finished, int64_t total)> progress;
 };
@@ -171,6 +179,7 @@ struct SeriesPoint {
   int32_t waiting = 0;  // queued in the head (unplaced + waiting in schedulers)
   int32_t running = 0;
   int32_t client_queue = 0;   // held back by the concurrency limit
+  double head_busy = 0;       // fraction of the interval the head spent on events (SimOptions::head)
   int64_t output_tokens = 0;  // generated in the interval
   int32_t finished = 0;       // requests finished in the interval
   std::vector<Worker> workers;
@@ -204,6 +213,10 @@ struct SimResult {
   // Per request: a fault moved it off its worker (its latencies are the
   // "affected" ones of the report). Empty without faults.
   std::vector<char> affected;
+  // The head (SimOptions::head): time spent on events, and the longest an
+  // event waited for it. 0 for an instantaneous head.
+  int64_t head_busy_ns = 0;
+  int64_t head_max_wait_ns = 0;
 };
 
 // Throws std::invalid_argument on bad options, std::logic_error if the

@@ -72,6 +72,8 @@ TEST_F(Failpoints, GrammarRefusalsNameTheEntryAndWhatIsExpected) {
            {"x=delay(abc)", "x=delay(abc)", "delay(ms)"},
            {"x=sleep(10", "x=sleep(10", "sleep(ms)"},
            {"x=sleep(86400001)", "x=sleep(86400001)", "0..86400000"},
+           {"x=spin", "x=spin", "spin(us)"},
+           {"x=spin(1000001)", "x=spin(1000001)", "0..1000000"},
            {"x=error(a;b)", "x=error(a", "')' closing error(text)"},
            {"x=drop@", "x=drop@", "N, N+, N-M or P%"},
            {"x=drop@0", "x=drop@0", ">= 1"},
@@ -210,6 +212,26 @@ TEST_F(Failpoints, SleepAndDelayBlockAtLeastTheirTime) {
     EXPECT_EQ(hit(name).action, Action::kNone);
     EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50)) << name;
   }
+}
+
+// A spin is CPU time of the calling thread (a process's CPU counts it, as a
+// head's cost does), printed at hits 1, 2, 4, 8, ... only.
+TEST_F(Failpoints, SpinBurnsTheCallersCpuAndPrintsSparingly) {
+  configure("t.p=spin(20000)@2+");
+  ::testing::internal::CaptureStderr();
+  const auto cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+  };
+  const int64_t c0 = cpu();
+  EXPECT_EQ(hit("t.p").action, Action::kNone);  // hit 1: not triggered
+  EXPECT_LT(cpu() - c0, 20'000'000);
+  for (int i = 0; i < 4; ++i) hit("t.p");  // hits 2..5: 4 spins of 20 ms
+  EXPECT_GE(cpu() - c0, 80'000'000);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "troupe: failpoint t.p fired: spin(20000) (hit 2)\n"
+            "troupe: failpoint t.p fired: spin(20000) (hit 4)\n");
 }
 
 TEST_F(Failpoints, HangBlocksUntilReleasedAndNotOtherFailpoints) {

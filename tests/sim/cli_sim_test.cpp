@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/sim/cost_profile.hpp"
+#include "cluster/sim/head_cost.hpp"
 #include "cluster/sim/plots.hpp"
 #include "sim_test_utils.hpp"
 #include "test_utils.hpp"
@@ -102,6 +103,42 @@ TEST(CliProfile, Errors) {
   r = run_command(tcmd("profile --model /nonexistent --quick --out " + shell_quote(d.file("c.json"))));
   EXPECT_EQ(r.status, 1);
   EXPECT_FALSE(std::filesystem::exists(d.file("c.json")));
+}
+
+// A real head (troupe serve) with emulated workers under load: its CPU per
+// event, in the file that simulate --head-cost charges to a simulated head.
+TEST(CliProfile, HeadProfileOfARealHeadThatTheSimulatorCharges) {
+  TempDir d;
+  const std::string out = d.file("head.json"), j = d.file("sim.json");
+  auto r = run_command(tcmd("profile --head --model " + shell_quote(fx().model) + " --emulate " +
+                            shell_quote(fx().cost) + " --workers 2 --seconds 0.3 --quiet --out " + shell_quote(out)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("per step result"), std::string::npos) << r.output;
+  const sim::HeadProfile p = sim::read_head_profile(out);
+  ASSERT_EQ(p.runs.size(), 6u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_GT(p.runs[i].requests, 0) << i;
+    EXPECT_GE(p.runs[i].steps, p.runs[i].requests / 8) << i;  // at most 8 requests start in one step here
+    EXPECT_GE(p.runs[i].tokens, p.runs[i].requests * p.runs[i].output_len / 2) << i;  // outputs of +-50%
+    EXPECT_GT(p.runs[i].cpu_s, 0) << i;
+  }
+  EXPECT_EQ(p.runs[5].requests, 0);  // the idle run
+  EXPECT_GT(p.cost.request_ns + p.cost.step_ns + p.cost.token_ns, 0);
+  r = run_command(tcmd(sim_args("--workers 2 --num-requests 40 --random-input-len 32 --random-output-len 8 "
+                                "--head-cost " + shell_quote(out) + " --json " + shell_quote(j))));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("head: utilisation"), std::string::npos) << r.output;
+  const json s = json::parse(read_file(j));
+  EXPECT_GT(s["head"]["utilization"].get<double>(), 0);
+  EXPECT_LE(s["head"]["utilization"].get<double>(), 1.0);
+  EXPECT_EQ(s["simulation"]["head_cost"]["file"], out);
+  // A worker's cost profile is not a head's; --head needs the workers' profile.
+  r = run_command(tcmd(sim_args("--workers 2 --num-requests 4 --head-cost " + shell_quote(fx().cost))) + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("troupe-head-profile"), std::string::npos) << r.output;
+  r = run_command(tcmd("profile --head --model " + shell_quote(fx().model) + " --out " + shell_quote(out)) + " 2>&1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--emulate"), std::string::npos) << r.output;
 }
 
 TEST(CliSimulate, SameInputsGiveTheSameBytes) {

@@ -2,10 +2,12 @@
 // Helpers shared by the simulator's tests (torch-free).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cluster/sim/cost_model.hpp"
 #include "cluster/sim/cost_profile.hpp"
@@ -31,6 +33,15 @@ struct TempFile {
   ~TempFile() { std::remove(path.c_str()); }
   std::string path;
 };
+
+// A request of `in` prompt and `out` output tokens sent at `at_ns`.
+inline WorkloadRequest request(int64_t at_ns, int32_t in, int32_t out) {
+  WorkloadRequest r;
+  r.arrival_ns = at_ns;
+  r.input_len = in;
+  r.output_len = out;
+  return r;
+}
 
 // A worker whose every step takes `step_ns`, whatever it holds.
 inline std::shared_ptr<const CostModel> constant_cost(double step_ns) {
@@ -89,6 +100,39 @@ inline SimOptions four_workers() {
   for (int i = 0; i < 4; ++i) o.workers.push_back(worker(constant_cost(5'000'000), 64));
   o.batcher.placement = core::PlacementPolicy::kRoundRobin;
   return o;
+}
+
+// Poisson arrivals of `n` one-token requests of 16 prompt tokens, `rate` a second.
+inline std::vector<WorkloadRequest> one_token_requests(int32_t n, double rate, uint64_t seed) {
+  SyntheticOptions so;
+  so.num_requests = n;
+  so.request_rate = rate;
+  so.seed = seed;
+  so.input = parse_length_distribution("16");
+  so.output = parse_length_distribution("1");
+  return generate_synthetic(so);
+}
+
+// The mean of correlated samples (queue waits) and its standard error from
+// the means of 40 consecutive batches.
+struct BatchMeans {
+  double mean = 0, se = 0;
+};
+inline BatchMeans batch_means(const std::vector<double>& x) {
+  const size_t batches = 40, per = x.size() / batches;
+  std::vector<double> means;
+  for (size_t b = 0; b < batches; ++b) {
+    double s = 0;
+    for (size_t i = b * per; i < (b + 1) * per; ++i) s += x[i];
+    means.push_back(s / static_cast<double>(per));
+  }
+  BatchMeans r;
+  for (double m : means) r.mean += m;
+  r.mean /= batches;
+  double var = 0;
+  for (double m : means) var += (m - r.mean) * (m - r.mean);
+  r.se = std::sqrt(var / (batches - 1) / batches);
+  return r;
 }
 
 // The whole report, as `troupe simulate --json` writes it (without its config).

@@ -18,17 +18,11 @@ namespace troupe::cluster::sim {
 namespace {
 
 using test::constant_cost;
+using test::request;
 using test::worker;
 
 constexpr int64_t kMs = 1'000'000;
 
-WorkloadRequest request(int64_t at_ns, int32_t in, int32_t out) {
-  WorkloadRequest r;
-  r.arrival_ns = at_ns;
-  r.input_len = in;
-  r.output_len = out;
-  return r;
-}
 
 TEST(EventQueue, TiesBreakByKindThenPushOrder) {
   EventQueue q;
@@ -401,40 +395,23 @@ TEST(Simulator, MD1QueueWaitMatchesTheFormula) {
   // rho * S / (2 (1 - rho)) (Pollaczek-Khinchine). Waits are correlated, so
   // the tolerance comes from batch means: 4 standard errors of 40 batches.
   const double S = 10e6, rho = 0.5;
-  SyntheticOptions so;
-  so.num_requests = 40000;
-  so.request_rate = rho / (S / 1e9);
-  so.seed = 21;
-  so.input = parse_length_distribution("16");
-  so.output = parse_length_distribution("1");
   SimOptions o;
   SimWorkerSpec w = worker(constant_cost(S));
   w.scheduler.max_num_seqs = 1;
   o.workers = {w};
   o.sample_interval_ns = 0;
-  const SimResult r = simulate(generate_synthetic(so), o);
+  const SimResult r = simulate(test::one_token_requests(40000, rho / (S / 1e9), 21), o);
   std::vector<double> waits;
   for (const auto& t : r.requests) {
     ASSERT_TRUE(t.success);
     waits.push_back(static_cast<double>(t.token_ns.front() - t.start_ns) - S);  // TTFT = wait + S
   }
-  const size_t batches = 40, per = waits.size() / batches;
-  std::vector<double> means;
-  for (size_t b = 0; b < batches; ++b) {
-    double s = 0;
-    for (size_t i = b * per; i < (b + 1) * per; ++i) s += waits[i];
-    means.push_back(s / per);
-  }
-  double mean = 0, var = 0;
-  for (double m : means) mean += m;
-  mean /= batches;
-  for (double m : means) var += (m - mean) * (m - mean);
-  const double se = std::sqrt(var / (batches - 1) / batches);
+  const test::BatchMeans m = test::batch_means(waits);
   const double expected = rho * S / (2 * (1 - rho));
-  RecordProperty("mean_wait_ns", std::to_string(mean));
-  RecordProperty("standard_error_ns", std::to_string(se));
-  EXPECT_LT(se, 0.05 * expected);  // the test can tell a wrong queue from a right one
-  EXPECT_NEAR(mean, expected, 4 * se) << "se " << se;
+  RecordProperty("mean_wait_ns", std::to_string(m.mean));
+  RecordProperty("standard_error_ns", std::to_string(m.se));
+  EXPECT_LT(m.se, 0.05 * expected);  // the test can tell a wrong queue from a right one
+  EXPECT_NEAR(m.mean, expected, 4 * m.se) << "se " << m.se;
 }
 
 }  // namespace

@@ -116,15 +116,6 @@ Point random_point(sim::Random& rng, const Limits& l) {
 
 int64_t blocks_for(int64_t tokens, int64_t bs) { return (tokens + bs - 1) / bs; }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace
 
 sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in) {
@@ -207,7 +198,7 @@ sim::CostProfile profile_worker(const model::Gpt2& gpt, const ProfileOptions& in
   for (Point& p : points) (p.heldout ? prof.heldout_points : prof.fit_points).push_back(std::move(p.m));
   sim::refit(prof, o.stat);
 
-  prof.created = utc_now();
+  prof.created = core::utc_now_iso8601();
   prof.device = gpt.device().str();
   prof.dtype = model::to_string(gpt.dtype());
   prof.kv_cache_dtype = model::to_string(o.kv_dtype);
