@@ -94,6 +94,15 @@ class EntryParser {
     return s_.substr(begin, i_ - begin);
   }
   uint64_t whole(const std::string& expected) { return whole(take(is_digit), expected); }
+  // "(N)" after the action `word`, N a whole number 0..max in `unit`s; sets e.spelled.
+  uint64_t bounded_argument(Entry& e, const std::string& word, const char* unit, uint64_t max) {
+    const std::string form = word + "(" + unit + ") with " + unit + " a whole number 0.." + std::to_string(max);
+    if (!eat('(')) refuse(form);
+    const uint64_t v = whole(form);
+    if (v > max || !eat(')')) refuse(form);
+    e.spelled = word + "(" + std::to_string(v) + ")";
+    return v;
+  }
   // `digits` as a whole number below 2^64, or refuse(expected).
   uint64_t whole(std::string_view digits, const std::string& expected) const {
     uint64_t v = 0;
@@ -126,18 +135,10 @@ class EntryParser {
       }
     } else if (word == "sleep" || word == "delay") {
       e.kind = Kind::kSleep;
-      const std::string form = word + "(ms) with ms a whole number 0.." + std::to_string(kMaxSleepMs);
-      if (!eat('(')) refuse(form);
-      e.ms = whole(form);
-      if (e.ms > kMaxSleepMs || !eat(')')) refuse(form);
-      e.spelled = word + "(" + std::to_string(e.ms) + ")";
+      e.ms = bounded_argument(e, word, "ms", kMaxSleepMs);
     } else if (word == "spin") {
       e.kind = Kind::kSpin;
-      const std::string form = "spin(us) with us a whole number 0.." + std::to_string(kMaxSpinUs);
-      if (!eat('(')) refuse(form);
-      e.us = whole(form);
-      if (e.us > kMaxSpinUs || !eat(')')) refuse(form);
-      e.spelled = "spin(" + std::to_string(e.us) + ")";
+      e.us = bounded_argument(e, word, "us", kMaxSpinUs);
     } else {
       refuse("an action: off, drop, error, error(text), hang, sleep(ms), delay(ms), spin(us) or crash");
     }
@@ -245,12 +246,14 @@ void hang() {
 // Keeps the calling thread's CPU busy for `us` microseconds (its own CPU
 // time, so that a process's CPU accounts for it, unlike a sleep).
 void spin(uint64_t us) {
-  timespec t0{}, t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-  const int64_t until = t0.tv_sec * 1'000'000'000LL + t0.tv_nsec + static_cast<int64_t>(us) * 1000;
-  do {
+  const auto cpu_ns = [] {
+    timespec t{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  } while (t.tv_sec * 1'000'000'000LL + t.tv_nsec < until);
+    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+  };
+  const int64_t until = cpu_ns() + static_cast<int64_t>(us) * 1000;
+  while (cpu_ns() < until) {
+  }
 }
 
 Outcome act(std::string_view name, const Entry& e, uint64_t n) {

@@ -139,21 +139,25 @@ CgroupQuota cgroup_cpu_quota(const std::string& cgroup_root, const std::string& 
   return q;
 }
 
-int affinity_cpus() {
+std::vector<int> affinity_cpu_list() {
   for (int n = 1024; n <= (1 << 20); n *= 2) {
     cpu_set_t* set = CPU_ALLOC(n);
-    if (!set) return 1;
+    if (!set) return {};
     const size_t bytes = CPU_ALLOC_SIZE(n);
     CPU_ZERO_S(bytes, set);
     const int rc = sched_getaffinity(0, bytes, set);
-    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
     const bool too_small = rc != 0 && errno == EINVAL;
+    std::vector<int> cpus;
+    if (rc == 0)
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(c, bytes, set)) cpus.push_back(c);
     CPU_FREE(set);
-    if (rc == 0) return count > 0 ? count : 1;
-    if (!too_small) return 1;
+    if (rc == 0 || !too_small) return cpus;
   }
-  return 1;
+  return {};
 }
+
+int affinity_cpus() { return std::max<int>(1, static_cast<int>(affinity_cpu_list().size())); }
 
 CpuCount count_cpus() {
   CpuCount c;

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace troupe::model {
 
@@ -29,6 +30,9 @@ int usable_cpus();
 // CPUs in the calling thread's affinity mask (sched_getaffinity, sized for
 // hosts with more than 1024 CPUs); 1 if the call fails.
 int affinity_cpus();
+
+// Their numbers, in increasing order; empty if the call fails.
+std::vector<int> affinity_cpu_list();
 
 // cgroup v2 `cpu.max` text: "QUOTA PERIOD" (microseconds) gives QUOTA/PERIOD
 // CPUs; "max PERIOD" gives nullopt (no limit). Throws std::invalid_argument

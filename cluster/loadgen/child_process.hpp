@@ -22,6 +22,19 @@
 
 namespace troupe::cluster {
 
+// Puts the calling thread (and the threads it starts from now on, and a
+// program it execs) on `cpus`; false when the kernel refuses or a CPU number
+// is out of cpu_set_t's range. Allocates nothing: safe between fork and exec.
+inline bool pin_calling_thread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return false;
+    CPU_SET(c, &set);
+  }
+  return sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
 class ChildProcess {
  public:
   // cpus: the CPUs it may run on (sched_setaffinity before exec); empty = those of its parent.
@@ -37,12 +50,7 @@ class ChildProcess {
         dup2(fd, STDERR_FILENO);
         close(fd);
       }
-      if (!cpus.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int c : cpus) CPU_SET(c, &set);
-        if (sched_setaffinity(0, sizeof set, &set) != 0) _exit(126);
-      }
+      if (!cpus.empty() && !pin_calling_thread(cpus)) _exit(126);
       std::vector<char*> argv;
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);

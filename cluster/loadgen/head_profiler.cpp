@@ -1,8 +1,5 @@
 #include "cluster/loadgen/head_profiler.hpp"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -17,21 +14,12 @@
 #include "cluster/loadgen/child_process.hpp"
 #include "cluster/loadgen/load_generator.hpp"
 #include "core/host_info.hpp"
+#include "model/cpu_count.hpp"
 
 namespace troupe::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<int> usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
 
 std::string tail(const std::string& text, size_t n = 1500) {
   return text.size() <= n ? text : "..." + text.substr(text.size() - n);
@@ -47,17 +35,14 @@ class Cluster {
  public:
   explicit Cluster(const HeadProfileOptions& o) : o_(o) {
     std::filesystem::create_directories(o.work_dir);
-    const std::vector<int> cpus = usable_cpus();
+    const std::vector<int> cpus = model::affinity_cpu_list();
     std::vector<int> head_cpus, other_cpus;
     if (o.pin) {
       if (cpus.size() < 2) throw std::invalid_argument("--pin needs 2 CPUs at least (the head's, and the rest)");
       head_cpus = {cpus.back()};
       other_cpus.assign(cpus.begin(), cpus.end() - 1);
       // This thread's CPUs, and so those of every thread it starts from now on (the load generator's).
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      for (int c : other_cpus) CPU_SET(c, &set);
-      if (sched_setaffinity(0, sizeof set, &set) != 0) throw std::runtime_error("sched_setaffinity failed");
+      if (!pin_calling_thread(other_cpus)) throw std::runtime_error("sched_setaffinity failed");
     }
     const std::string ready = o.work_dir + "/head.ready";
     std::filesystem::remove(ready);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "cluster/sim/least_squares.hpp"
+#include "core/serving_metrics.hpp"
 
 namespace troupe::cluster::sim {
 
@@ -48,10 +49,8 @@ void fit(HeadProfile& p) {
   p.cost = fit_head_cost(p.runs);
   std::vector<double> err;
   for (const HeadRun& r : p.runs) err.push_back(100 * std::fabs(predicted_cpu_s(p.cost, r) - r.cpu_s) / r.cpu_s);
-  std::sort(err.begin(), err.end());
-  const size_t n = err.size();
-  p.fit_median_pct = n % 2 ? err[n / 2] : (err[n / 2 - 1] + err[n / 2]) / 2;
-  p.fit_max_pct = err.back();
+  p.fit_median_pct = core::percentile(err, 50);
+  p.fit_max_pct = core::percentile(err, 100);
 }
 
 ordered_json HeadProfile::to_json() const {
