@@ -1,5 +1,6 @@
 // troupe: the command line. Thin: parse flags, call a library, print.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 
 #include "cli/command.hpp"
 #include "core/failpoints.hpp"
+#include "core/heap_pages.hpp"
 #include "model/cpu_features.hpp"
 #include "model/threading.hpp"
 
@@ -40,6 +42,13 @@ int main(int argc, char** argv) {
     troupe::fail::configure_from_env();
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
+    return 2;
+  }
+  // Read again by each worker's StepExecutor; refused here, before anything starts.
+  try {
+    troupe::core::HeapTrimPolicy::min_tokens_from(std::getenv("TROUPE_HEAP_TRIM"));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
 

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 namespace troupe::core {
 namespace {
@@ -47,6 +49,31 @@ bool tune_malloc() {
 }
 
 bool malloc_tuned() { return g_malloc_tuned; }
+
+int64_t HeapTrimPolicy::min_tokens_from(const char* value) {
+  if (value == nullptr) return kDefaultMinTokens;
+  const std::string v = value;
+  size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || n < 0 || !std::isdigit(static_cast<unsigned char>(v[0]))) {
+    throw std::invalid_argument("TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" +
+                                v + "'");
+  }
+  return n;
+}
+
+bool release_free_heap() {
+#ifdef __GLIBC__
+  return malloc_trim(0) == 1;
+#else
+  return false;
+#endif
+}
 
 std::optional<std::string> tunables_with_heap_thp(const char* current) {
   if (hugetlb_setting(current)) return std::nullopt;

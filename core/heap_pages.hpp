@@ -11,6 +11,7 @@
 // when the process starts, so the program re-executes itself once with it
 // set. TROUPE_HEAP_THP=0 turns this off; a GLIBC_TUNABLES that already names
 // glibc.malloc.hugetlb is left as the user set it. Torch-free.
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -31,6 +32,46 @@ namespace troupe::core {
 bool tune_malloc();
 // Whether tune_malloc() tuned this process.
 bool malloc_tuned();
+
+// Hands the free pages of every heap arena back to the kernel (glibc's
+// malloc_trim(0)): what tune_malloc keeps for the next step. Not the free top
+// of a thread's arena: glibc trims that only in free(), past M_TRIM_THRESHOLD.
+// Returns whether any went back (false where the C library is not glibc).
+bool release_free_heap();
+
+// When a worker gives its freed activations back (release_free_heap). A
+// forward pass over T tokens holds tens of bytes of activations a token per
+// layer at once (a 900-token prefill of GPT-2 124M: ~30 MiB, ~60 MiB of heap
+// with its fragments); the heap keeps them, by tune_malloc's choice, so the
+// next step of that size pays no page faults. Kept for good after one large
+// prefill, they sit under the KV cache's growth and count in the process's peak.
+// So: before a step of `tokens`, release when the largest step since the last
+// release had at least `min_tokens` (0: never) and this one is at most half of
+// it. Runs of large steps keep their memory (they need it again); the step
+// after a burst of prompts gives it back, once.
+class HeapTrimPolicy {
+ public:
+  explicit HeapTrimPolicy(int64_t min_tokens = kDefaultMinTokens) : min_tokens_(min_tokens) {}
+  static constexpr int64_t kDefaultMinTokens = 256;
+
+  // Call before each step; true: release the free heap before running it.
+  bool before_step(int64_t tokens) {
+    const bool release = min_tokens_ > 0 && largest_ >= min_tokens_ && 2 * tokens <= largest_;
+    if (release) largest_ = 0;
+    if (tokens > largest_) largest_ = tokens;
+    return release;
+  }
+  int64_t min_tokens() const { return min_tokens_; }
+
+  // The threshold TROUPE_HEAP_TRIM sets (`value`: its text, null when unset:
+  // kDefaultMinTokens): tokens a step, 0 to keep the heap for good. Throws
+  // std::invalid_argument naming the variable for anything but a count.
+  static int64_t min_tokens_from(const char* value);
+
+ private:
+  int64_t min_tokens_;
+  int64_t largest_ = 0;  // the largest step since the last release
+};
 
 // GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added to `current` (null or
 // empty: unset), or nullopt when `current` already names glibc.malloc.hugetlb.

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cstdlib>
 #include <new>
@@ -470,5 +471,13 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
   }
   return e;
 }
+
+namespace {
+std::atomic<uint64_t> g_kernel_scratch_epoch{0};
+}  // namespace
+
+uint64_t kernel_scratch_epoch() { return g_kernel_scratch_epoch.load(std::memory_order_relaxed); }
+
+void release_kernel_scratch() { g_kernel_scratch_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace troupe::model

@@ -67,6 +67,13 @@ torch::Tensor quantize_int8_per_channel(const torch::Tensor& t, WeightLayout lay
 constexpr int64_t kInt8Group = 32;
 torch::Tensor quantize_int8_groups_of_32(const torch::Tensor& t, WeightLayout layout);
 
+// Each thread's kernel scratch (the AVX-512 BF16 variant's rows of x in 16
+// bits, sized for the largest step the thread ran: 5.5 MiB a thread after a
+// 900-token prefill of GPT-2 124M) is freed at the thread's next product and
+// allocated again at that product's size. Thread-safe; costs one allocation a
+// thread. StepExecutor calls it with core::release_free_heap.
+void release_kernel_scratch();
+
 // What forward applies to x @ W + bias.
 enum class Activation {
   kNone,

@@ -60,14 +60,22 @@ inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 
 #include "model/vector_lanes.inc"
 
-// A thread's scratch memory for x as the kernels read it: grows, never
-// shrinks, freed with the thread. (Not a std::vector: its member functions
+// A thread's scratch memory for x as the kernels read it: grows to the
+// largest call's size, let go at the first call after release_kernel_scratch
+// (linear.hpp), freed with the thread. (Not a std::vector: its member functions
 // would be weak symbols compiled for this ISA, which the linker may hand to
 // every other caller; cmake/check_kernel_isa.cmake checks.)
 struct Scratch {
   void* p = nullptr;
   size_t bytes = 0;
+  uint64_t epoch = 0;
   void* get(size_t n) {
+    if (const uint64_t e = kernel_scratch_epoch(); e != epoch) {
+      std::free(p);
+      p = nullptr;
+      bytes = 0;
+      epoch = e;
+    }
     if (n > bytes) {
       std::free(p);
       p = std::malloc(n);

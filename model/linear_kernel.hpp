@@ -13,6 +13,11 @@
 
 namespace troupe::model {
 
+// Bumped by release_kernel_scratch (linear.hpp): a kernel that keeps scratch
+// memory per thread lets it go at its next call once this changed. Defined in
+// linear.cpp (not in an ISA's translation unit).
+uint64_t kernel_scratch_epoch();
+
 // Rows of K per scale of run_int8_g32's weights (linear.hpp's kInt8Group).
 constexpr int64_t kPackedGroupRows = 32;
 

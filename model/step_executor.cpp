@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -32,7 +33,11 @@ core::SequenceTableOptions table_options(const Gpt2& model, const PagedKvCache& 
 }  // namespace
 
 StepExecutor::StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttention attention)
-    : model_(model), cache_(cache), attention_(attention), table_(table_options(model, cache)) {
+    : model_(model),
+      cache_(cache),
+      attention_(attention),
+      table_(table_options(model, cache)),
+      heap_trim_(core::HeapTrimPolicy::min_tokens_from(std::getenv("TROUPE_HEAP_TRIM"))) {
   const Gpt2Config& cfg = model.config();
   if (cache.n_layer() != cfg.n_layer || cache.n_head() != cfg.n_head || cache.head_dim() != cfg.head_dim())
     throw std::invalid_argument("StepExecutor: the KV cache was made for a different model shape");
@@ -252,10 +257,24 @@ core::StepResult StepExecutor::execute(const core::StepPlan& plan) {
   core::StepResult result;
   result.step_id = plan.step_id;
   core::PreparedStep step = table_.prepare(plan);
+  int64_t tokens = 0;
+  for (const auto& c : step.chunks) tokens += static_cast<int64_t>(c.token_ids.size());
+  // The step after a large one gives the memory back: before its forward
+  // pass, the heap's free pages (the large step's activations, now free); the
+  // kernels' scratch at their first call in it; after it, the heap's free
+  // pages again (that scratch). Twice because glibc's malloc_trim leaves the
+  // top of a thread's arena alone, and what this step frees there joins it.
+  const bool give_back = heap_trim_.before_step(tokens);
+  if (give_back) {
+    core::release_free_heap();
+    release_kernel_scratch();
+    ++heap_releases_;
+  }
   std::vector<core::SeqFailure> row_failures;
   try {
     result.outputs = run(step.chunks, row_failures, result.prompt_scores);
   } catch (const std::exception& e) {
+    if (give_back) core::release_free_heap();
     table_.abort(step);
     result.prompt_scores.clear();
     result.error = e.what();
@@ -268,6 +287,7 @@ core::StepResult StepExecutor::execute(const core::StepPlan& plan) {
   table_.commit(step, result.outputs, failed);
   result.failures = std::move(step.failures);
   result.failures.insert(result.failures.end(), row_failures.begin(), row_failures.end());
+  if (give_back) core::release_free_heap();
   result.forward_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return result;

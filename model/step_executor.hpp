@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/heap_pages.hpp"
 #include "core/sequence_table.hpp"
 #include "core/step_plan.hpp"
 #include "model/gpt2.hpp"
@@ -32,10 +33,15 @@ namespace troupe::model {
 
 class StepExecutor {
  public:
-  // Keeps references: `model` and `cache` must outlive the executor.
+  // Keeps references: `model` and `cache` must outlive the executor. Its heap
+  // trim threshold comes from TROUPE_HEAP_TRIM (core::HeapTrimPolicy; throws
+  // std::invalid_argument for a bad value).
   StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttention attention = PagedAttention::kAuto);
 
-  // The worker's step. forward_ms is the wall time of the whole call.
+  // The worker's step. forward_ms is the wall time of the whole call. In the
+  // step after a large one (core::HeapTrimPolicy), the heap's free pages
+  // (core::release_free_heap: the large step's activations) and the kernels'
+  // scratch (release_kernel_scratch) go back to the kernel.
   core::StepResult execute(const core::StepPlan& plan);
 
   // Runs resolved chunks (no per-sequence state): one forward pass, then
@@ -69,6 +75,10 @@ class StepExecutor {
   FlatBatch flatten(const std::vector<core::SeqChunk>& chunks) const;
 
   const core::SequenceTable& sequences() const { return table_; }
+  // execute()'s HeapTrimPolicy threshold (tokens a step; 0: never release).
+  void set_heap_trim_tokens(int64_t min_tokens) { heap_trim_ = core::HeapTrimPolicy(min_tokens); }
+  // How often execute() released the free heap.
+  int64_t heap_releases() const { return heap_releases_; }
   // Prompt rows whose logits exist at once (default 128: [128, 50257] fp32
   // is 25 MiB, under the heap's 32 MiB mmap threshold); >= 1. Tests lower it.
   void set_score_rows_per_call(int64_t rows) { score_rows_per_call_ = std::max<int64_t>(1, rows); }
@@ -79,6 +89,8 @@ class StepExecutor {
   PagedAttention attention_;
   core::SequenceTable table_;
   int64_t score_rows_per_call_ = 128;
+  core::HeapTrimPolicy heap_trim_;
+  int64_t heap_releases_ = 0;
 };
 
 }  // namespace troupe::model

@@ -75,6 +75,21 @@ TEST(Cli, BadFlagsAndCommandsAreNamedPlainly) {
   EXPECT_EQ(after.output, "[5303]\n");
 }
 
+// A bad TROUPE_HEAP_TRIM stops troupe before it starts anything (a worker
+// would otherwise die on it later); a good one runs.
+TEST(Cli, BadHeapTrimSettingStopsTheProcessAtStart) {
+  for (const char* bad : {"abc", "-1", ""}) {
+    auto r = run_command("env TROUPE_HEAP_TRIM=" + shell_quote(bad) + " " +
+                         tcmd("serve " + model_flag() + " --workers 1 --listen tcp://127.0.0.1:0"));
+    EXPECT_EQ(r.status, 2) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("TROUPE_HEAP_TRIM must be a count of tokens"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("serving"), std::string::npos) << "nothing started: " << r.output;
+  }
+  auto ok = run_command("env TROUPE_HEAP_TRIM=0 " +
+                        tcmd("generate " + model_flag() + " --prompt-ids 1,2,3 --max-tokens 2 --mode paged"));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+}
+
 TEST(Cli, InitModelWritesACompleteFolderAndWarns) {
   TempDir dir;
   auto r = run_command(tcmd("init-model --preset tiny --layers 1 --out " + shell_quote(dir.file("m")) +

@@ -2,8 +2,77 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "test_utils.hpp"
+
 namespace troupe::core {
 namespace {
+
+// Freed heap memory between live allocations stays resident (free() trims
+// only the heap's top) until release_free_heap hands its pages back.
+TEST(HeapPages, ReleaseHandsFreedMemoryBack) {
+  constexpr size_t kPiece = 32 << 10;  // under glibc's mmap threshold: heap memory
+  std::vector<void*> pieces, kept;
+  for (int i = 0; i < 2048; ++i) {  // 64 MiB
+    void* p = std::malloc(kPiece);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, kPiece);
+    (i % 16 == 15 ? kept : pieces).push_back(p);  // every 16th stays: runs of 480 KiB between them
+  }
+  const int64_t held = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+  ASSERT_GT(held, 64 << 10);
+  for (void* p : pieces) std::free(p);
+  const int64_t freed = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+  EXPECT_GT(freed, held - (4 << 10)) << "free() alone keeps the pages";
+  EXPECT_TRUE(release_free_heap());
+  EXPECT_LT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), freed - (40 << 10)) << "released: most of the 60 MiB freed went back";
+  for (void* p : kept) std::free(p);
+}
+
+TEST(HeapTrimPolicy, ReleasesOnceInTheStepAfterALargeOne) {
+  HeapTrimPolicy p(256);
+  EXPECT_FALSE(p.before_step(16));   // nothing large yet
+  EXPECT_FALSE(p.before_step(900));  // a burst of prompts: its memory is needed now
+  EXPECT_TRUE(p.before_step(16));    // the decodes after it: give it back
+  EXPECT_FALSE(p.before_step(16));   // once
+  EXPECT_FALSE(p.before_step(255));  // under the threshold: small enough to keep
+  EXPECT_FALSE(p.before_step(1));
+  EXPECT_FALSE(p.before_step(256));  // at the threshold
+  EXPECT_TRUE(p.before_step(128));   // at most half of it
+}
+
+TEST(HeapTrimPolicy, RunsOfLargeStepsKeepTheirMemory) {
+  HeapTrimPolicy p(256);
+  for (int64_t t : {512, 400, 512, 300, 257}) EXPECT_FALSE(p.before_step(t)) << t;
+  EXPECT_TRUE(p.before_step(256));  // half of the largest since the last release
+  EXPECT_FALSE(p.before_step(200));  // 256 is the largest now
+  EXPECT_TRUE(p.before_step(128));
+}
+
+TEST(HeapTrimPolicy, ZeroNeverReleases) {
+  HeapTrimPolicy p(0);
+  for (int64_t t : {0, 4096, 1, 4096, 0}) EXPECT_FALSE(p.before_step(t)) << t;
+  EXPECT_EQ(HeapTrimPolicy().min_tokens(), HeapTrimPolicy::kDefaultMinTokens);
+}
+
+TEST(HeapTrimPolicy, ThresholdFromTheEnvironment) {
+  EXPECT_EQ(HeapTrimPolicy::min_tokens_from(nullptr), HeapTrimPolicy::kDefaultMinTokens);
+  EXPECT_EQ(HeapTrimPolicy::min_tokens_from("0"), 0);
+  EXPECT_EQ(HeapTrimPolicy::min_tokens_from("1024"), 1024);
+  for (const char* bad : {"", "-1", "+5", "12x", "lots", " 7", "99999999999999999999"}) {
+    try {
+      HeapTrimPolicy::min_tokens_from(bad);
+      ADD_FAILURE() << "took '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("TROUPE_HEAP_TRIM"), std::string::npos) << e.what();
+    }
+  }
+}
 
 TEST(HeapPages, AddsTheTunableToWhatIsSet) {
   EXPECT_EQ(tunables_with_heap_thp(nullptr), "glibc.malloc.hugetlb=1");

@@ -7,16 +7,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "core/heap_pages.hpp"
 #include "isa_params.hpp"
 #include "model/linear.hpp"
+#include "test_utils.hpp"
 
 namespace troupe::model {
 namespace {
@@ -406,6 +410,35 @@ TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
   const torch::Tensor ids = torch::tensor(std::vector<int64_t>{0, 15, 16, 63, 64, 130, 7});
   EXPECT_TRUE(at::equal(Linear(wte, WeightLayout::kOutIn, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16).embedding(ids),
                         round_to_bfloat16(wte).index_select(0, ids)));
+}
+
+
+// The avx512bf16 kernels keep x in 16 bits in a scratch buffer per thread,
+// sized for the largest product the thread ran; release_kernel_scratch lets it
+// go at the thread's next product (StepExecutor does, in the step after a
+// large prefill), and the results are the same bits.
+TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
+  TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);  // one thread, so the one scratch
+  at::manual_seed(23);
+  for (WeightDtype dtype : {WeightDtype::kBFloat16, WeightDtype::kInt8}) {
+    SCOPED_TRACE(to_string(dtype));
+    const Linear lin(at::randn({1024, 256}), WeightLayout::kInOut, CpuIsa::kAvx512Bf16, dtype);
+    const torch::Tensor one = at::randn({1, 1024});
+    const torch::Tensor before = lin.forward(one);
+    lin.forward(at::randn({4096, 1024}));  // 4096 rows x 512 pairs x 4 bytes: 8 MiB of scratch
+    core::release_free_heap();
+    const int64_t held = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+    EXPECT_TRUE(at::equal(lin.forward(one), before));
+    core::release_free_heap();
+    EXPECT_GT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), held - (2 << 10)) << "a small product keeps the large scratch";
+    release_kernel_scratch();
+    EXPECT_TRUE(at::equal(lin.forward(one), before));
+    core::release_free_heap();
+    EXPECT_LT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), held - (6 << 10)) << "released at the next product";
+  }
+  at::set_num_threads(threads);
 }
 
 // int8 weights (symmetric, a scale per output channel): a quarter of the

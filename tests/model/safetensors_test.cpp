@@ -111,16 +111,12 @@ TEST(Safetensors, ReadingAgainAfterItsPagesWereDroppedGivesTheSame) {
   }
 }
 
-// This process's resident pages of files (RssFile), in KiB.
-int64_t rss_file_kib() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
-  return -1;
-}
 
 // map_float reads the file's bytes in place: the same values as to_float's
 // copy, for any shape, and for views of it.
+// This process's resident pages of files, in KiB.
+int64_t rss_file_kib() { return test::proc_self_kib("/proc/self/status", "RssFile"); }
+
 TEST(Safetensors, MapFloatReadsWhatToFloatCopies) {
   test::TempDir dir;
   const torch::Tensor a = torch::randn({37, 129});

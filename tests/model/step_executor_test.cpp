@@ -411,21 +411,65 @@ TEST(StepExecutor, ImpossiblePlansNameTheSequenceAndLeaveTheCacheAlone) {
 
 // The worker's whole protocol: a sequence is sent once, then only deltas; the
 // worker feeds its own samples; a bad work item fails alone.
+// Step 1 of a delta plan: sequence s.id joins with `blocks` and its whole
+// prompt runs, sampling (greedy).
+StepPlan prefill_plan(const Script& s, std::vector<int32_t> blocks) {
+  StepPlan p;
+  p.step_id = 1;
+  core::NewSequence ns;
+  ns.seq_id = s.id;
+  ns.tokens = s.tokens;
+  ns.block_table = std::move(blocks);
+  ns.sampling = greedy();
+  p.new_seqs.push_back(ns);
+  p.work.push_back({s.id, 0, static_cast<int32_t>(s.prompt_len), {}, true});
+  return p;
+}
+
+// execute() hands the heap's free pages back in the step after a large one
+// (core::HeapTrimPolicy), once, and the tokens are the same as without.
+TEST(StepExecutor, ReleasesTheHeapAfterALargeStepWithTheSameTokens) {
+  const auto& t = tiny();
+  auto drive = [&](int64_t trim_tokens, int64_t& releases) {
+    PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
+    StepExecutor ex(t.model, cache);
+    ex.set_heap_trim_tokens(trim_tokens);
+    Script s = make(1, "A prompt long enough to count as a large step for a tiny threshold", 5, 0, greedy());
+    const int32_t n = static_cast<int32_t>(s.prompt_len);
+    std::vector<int32_t> blocks;
+    for (int32_t b = 0; b * kBlockSize < n + 5; ++b) blocks.push_back(b);
+    auto r = ex.execute(prefill_plan(s, blocks));
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    EXPECT_EQ(ex.heap_releases(), 0);  // not before the large step
+    std::vector<int32_t> got{r.outputs.at(0).token.id};
+    for (int32_t k = 1; k < 5; ++k) {
+      StepPlan p;
+      p.step_id = 1 + static_cast<uint64_t>(k);
+      p.work.push_back({1, n + k - 1, 1, {}, true});
+      r = ex.execute(p);
+      EXPECT_TRUE(r.error.empty() && r.failures.empty());
+      got.push_back(r.outputs.at(0).token.id);
+    }
+    releases = ex.heap_releases();
+    EXPECT_EQ(got, reference(s));
+    return got;
+  };
+  int64_t with = -1, without = -1;
+  const auto a = drive(8, with);
+  const auto b = drive(0, without);
+  EXPECT_EQ(with, 1);
+  EXPECT_EQ(without, 0);
+  EXPECT_EQ(a, b);
+}
+
 TEST(StepExecutor, DeltaPlansDriveTheSequenceTableAndMatchGenerate) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
   StepExecutor ex(t.model, cache);
   Script s = make(1, "Plans carry only what changed", 6, 0, greedy());
   const int32_t n = static_cast<int32_t>(s.prompt_len);
-  StepPlan p1;
-  p1.step_id = 1;
-  core::NewSequence ns;
-  ns.seq_id = 1;
-  ns.tokens = s.tokens;
-  ns.block_table = {10, 11, 12};
-  ns.sampling = greedy();
-  p1.new_seqs.push_back(ns);
-  p1.work.push_back({1, 0, n, {}, true});
+  const StepPlan p1 = prefill_plan(s, {10, 11, 12});
+  const core::NewSequence& ns = p1.new_seqs[0];
   auto r = ex.execute(p1);
   ASSERT_TRUE(r.error.empty()) << r.error;
   ASSERT_EQ(r.outputs.size(), 1u);
