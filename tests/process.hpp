@@ -10,13 +10,14 @@ namespace troupe::test {
 
 using Process = cluster::ChildProcess;
 
-// Polls `cond` every 50 ms until it holds or `timeout` passes.
+// Polls `cond` every `every` (50 ms) until it holds or `timeout` passes.
 template <class Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout) {
+bool eventually(Cond cond, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds every = std::chrono::milliseconds(50)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(every);
   }
   return cond();
 }
