@@ -28,6 +28,7 @@ import argparse
 import json
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -136,9 +137,23 @@ try:
         striker = threading.Timer(a.at, drain_now)
     else:
         striker = threading.Thread(target=watch_hang, args=(stop,))
+    # Times are the bench's: from when it starts sending (the header line it prints then), not from its
+    # launch (the process takes up to a second to start; the simulated events would be that late).
+    bench = subprocess.Popen([T, "bench", "--to", head.to] + workload + ["--json", str(bench_out)], env=procs.ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors = []
+    for line in bench.stderr:
+        errors.append(line)
+        if line.startswith("troupe bench:"):
+            break
     t0 = time.time()
     striker.start()
-    procs.run([T, "bench", "--to", head.to] + workload + ["--json", str(bench_out)])
+    drain_err = threading.Thread(target=lambda: errors.extend(bench.stderr))
+    drain_err.start()
+    out_text = bench.stdout.read()
+    drain_err.join()
+    if bench.wait() != 0:
+        raise SystemExit(f"troupe bench failed:\n{out_text}\n{''.join(errors)}")
     if a.fault == "hang":
         stop.set()
         striker.join()
