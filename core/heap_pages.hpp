@@ -40,11 +40,11 @@ bool malloc_tuned();
 bool release_free_heap();
 
 // When a worker gives its freed activations back (release_free_heap). A
-// forward pass over T tokens holds tens of bytes of activations a token per
-// layer at once (a 900-token prefill of GPT-2 124M: ~30 MiB, ~60 MiB of heap
-// with its fragments); the heap keeps them, by tune_malloc's choice, so the
-// next step of that size pays no page faults. Kept for good after one large
-// prefill, they sit under the KV cache's growth and count in the process's peak.
+// forward pass holds ~35 KB of activations a token at once (a 900-token
+// prefill of GPT-2 124M: ~30 MiB, ~60 MiB of heap with its fragments); the
+// heap keeps them, by tune_malloc's choice, so the next step of that size
+// pays no page faults. Kept for good after one large prefill, they sit under
+// the KV cache's growth and count in the process's peak.
 // So: before a step of `tokens`, release when the largest step since the last
 // release had at least `min_tokens` (0: never) and this one is at most half of
 // it. Runs of large steps keep their memory (they need it again); the step
