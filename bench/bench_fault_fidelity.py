@@ -2,8 +2,8 @@
 """A killed, hung or drained worker, served and simulated (issue 33, faults in virtual time): a real head
 (`troupe serve --workers 0`) with N emulated workers, one per node (`troupe worker --emulate COST.json`: the
 whole protocol, each step the cost model's time), `troupe bench` sending a seeded workload, and one node struck
-T seconds after the bench starts; then `troupe simulate` of the same workload (same seed: the same arrivals and
-lengths) with the same fault at the same time:
+T seconds after the bench starts sending (the line it prints then; not its launch); then `troupe simulate` of the
+same workload (same seed: the same arrivals and lengths) with the same fault at the same time:
 
   --fault kill   the node SIGKILLed at T; simulated with --fail-worker K@T
   --fault drain  the node sent SIGTERM at T (it drains and exits); simulated with --drain-worker K@T

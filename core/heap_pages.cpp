@@ -61,8 +61,8 @@ int64_t HeapTrimPolicy::min_tokens_from(const char* value) {
     used = 0;
   }
   if (v.empty() || used != v.size() || n < 0 || !std::isdigit(static_cast<unsigned char>(v[0]))) {
-    throw std::invalid_argument("TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" +
-                                v + "'");
+    throw std::invalid_argument(
+        "TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" + v + "'");
   }
   return n;
 }

@@ -43,8 +43,8 @@ struct FaultRun {
 json simulate(const TempDir& dir, const std::string& cost, const std::string& fault, const std::string& name,
               int workers = 3) {
   auto r = run_command(shell_quote(bin()) + " simulate --cost " + shell_quote(cost) + " --workers " +
-                       std::to_string(workers) + " --num-blocks 256 --placement round-robin --quiet" + kWorkload +
-                       " " + fault + " --json " + shell_quote(dir.file(name)));
+                       std::to_string(workers) + " --num-blocks 256 --placement round-robin --quiet" +
+                       kWorkload + " " + fault + " --json " + shell_quote(dir.file(name)));
   EXPECT_EQ(r.status, 0) << r.output;
   return json::parse(std::ifstream(dir.file(name)));
 }
@@ -89,8 +89,9 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind, const N
   const auto start_n2 = [&] { return start_worker(dir, head, "n2", n2_flags, victim_env); };
   for (int i = 0; i < 3; ++i) {
     if (i == 2 && kind == "add") break;
-    nodes.push_back(i == 2 ? start_n2()
-                           : start_worker(dir, head, "n" + std::to_string(i), {"--workers", "1", "--emulate", cost}));
+    nodes.push_back(
+        i == 2 ? start_n2()
+               : start_worker(dir, head, "n" + std::to_string(i), {"--workers", "1", "--emulate", cost}));
     EXPECT_TRUE(head.wait_workers(static_cast<size_t>(i + 1))) << head.proc->log();  // joined in this order
   }
   const auto st = head.status();
@@ -120,8 +121,8 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind, const N
       },
       seconds(60), std::chrono::milliseconds(5));
   EXPECT_TRUE(sent && bench.running()) << bench.log();
-  t0 = std::chrono::steady_clock::now() -
-       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(first_arrival));
+  t0 = std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                              std::chrono::duration<double>(first_arrival));
   const auto since = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
@@ -164,7 +165,8 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind, const N
       if (w.node == "n2" && w.id != n2_id) return true;
     return false;
   };
-  if (kind == "cut" && eventually(n2_registered, seconds(60), std::chrono::milliseconds(50))) run.back_s = since();
+  if (kind == "cut" && eventually(n2_registered, seconds(60), std::chrono::milliseconds(50)))
+    run.back_s = since();
   EXPECT_EQ(bench.wait(seconds(300)), std::optional<int>(0)) << bench.log();
   const auto after = head.status();
   EXPECT_TRUE(after);
@@ -179,14 +181,16 @@ FaultRun serve_and_simulate(const TempDir& dir, const std::string& kind, const N
   char at[32];
   std::snprintf(at, sizeof at, "%.3f", run.at_s);
   if (kind == "add") {
-    run.sim = simulate(dir, cost, "--events " + events_file(dir, std::string("{at: ") + at + ", add: {node: worker}}"),
+    run.sim = simulate(dir, cost,
+                       "--events " + events_file(dir, std::string("{at: ") + at + ", add: {node: worker}}"),
                        "sim.json", 2);
   } else if (kind == "cut") {
     // A cut needs a link: loopback's one-way latency (~30 us) for every worker.
-    run.sim = simulate(dir, cost,
-                       "--net-latency-us 30 --events " +
-                           events_file(dir, "{at: " + std::string(at) + ", cut: " + std::to_string(victim) + ", for: 4}"),
-                       "sim.json");
+    run.sim = simulate(
+        dir, cost,
+        "--net-latency-us 30 --events " +
+            events_file(dir, "{at: " + std::string(at) + ", cut: " + std::to_string(victim) + ", for: 4}"),
+        "sim.json");
   } else {
     const std::string flag = kind == "kill"    ? "--fail-worker"
                              : kind == "drain" ? "--drain-worker"

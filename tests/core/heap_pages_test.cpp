@@ -16,6 +16,7 @@ namespace {
 // Freed heap memory between live allocations stays resident (free() trims
 // only the heap's top) until release_free_heap hands its pages back.
 TEST(HeapPages, ReleaseHandsFreedMemoryBack) {
+  const auto anon = [] { return test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"); };
   constexpr size_t kPiece = 32 << 10;  // under glibc's mmap threshold: heap memory
   std::vector<void*> pieces, kept;
   for (int i = 0; i < 2048; ++i) {  // 64 MiB
@@ -24,13 +25,13 @@ TEST(HeapPages, ReleaseHandsFreedMemoryBack) {
     std::memset(p, 1, kPiece);
     (i % 16 == 15 ? kept : pieces).push_back(p);  // every 16th stays: runs of 480 KiB between them
   }
-  const int64_t held = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+  const int64_t held = anon();
   ASSERT_GT(held, 64 << 10);
   for (void* p : pieces) std::free(p);
-  const int64_t freed = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+  const int64_t freed = anon();
   EXPECT_GT(freed, held - (4 << 10)) << "free() alone keeps the pages";
   EXPECT_TRUE(release_free_heap());
-  EXPECT_LT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), freed - (40 << 10)) << "released: most of the 60 MiB freed went back";
+  EXPECT_LT(anon(), freed - (40 << 10)) << "released: most of the 60 MiB freed went back";
   for (void* p : kept) std::free(p);
 }
 
@@ -49,7 +50,7 @@ TEST(HeapTrimPolicy, ReleasesOnceInTheStepAfterALargeOne) {
 TEST(HeapTrimPolicy, RunsOfLargeStepsKeepTheirMemory) {
   HeapTrimPolicy p(256);
   for (int64_t t : {512, 400, 512, 300, 257}) EXPECT_FALSE(p.before_step(t)) << t;
-  EXPECT_TRUE(p.before_step(256));  // half of the largest since the last release
+  EXPECT_TRUE(p.before_step(256));   // half of the largest since the last release
   EXPECT_FALSE(p.before_step(200));  // 256 is the largest now
   EXPECT_TRUE(p.before_step(128));
 }

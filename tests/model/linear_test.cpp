@@ -412,12 +412,12 @@ TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
                         round_to_bfloat16(wte).index_select(0, ids)));
 }
 
-
 // The avx512bf16 kernels keep x in 16 bits in a scratch buffer per thread,
 // sized for the largest product the thread ran; release_kernel_scratch lets it
 // go at the thread's next product (StepExecutor does, in the step after a
 // large prefill), and the results are the same bits.
 TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
+  const auto anon = [] { return test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"); };
   TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);  // one thread, so the one scratch
@@ -429,14 +429,14 @@ TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
     const torch::Tensor before = lin.forward(one);
     lin.forward(at::randn({4096, 1024}));  // 4096 rows x 512 pairs x 4 bytes: 8 MiB of scratch
     core::release_free_heap();
-    const int64_t held = test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous");
+    const int64_t held = anon();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
-    EXPECT_GT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), held - (2 << 10)) << "a small product keeps the large scratch";
+    EXPECT_GT(anon(), held - (2 << 10)) << "a small product keeps the large scratch";
     release_kernel_scratch();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
-    EXPECT_LT(test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"), held - (6 << 10)) << "released at the next product";
+    EXPECT_LT(anon(), held - (6 << 10)) << "released at the next product";
   }
   at::set_num_threads(threads);
 }

@@ -111,7 +111,6 @@ TEST(Safetensors, ReadingAgainAfterItsPagesWereDroppedGivesTheSame) {
   }
 }
 
-
 // map_float reads the file's bytes in place: the same values as to_float's
 // copy, for any shape, and for views of it.
 // This process's resident pages of files, in KiB.
