@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 namespace troupe::core {
 namespace {
@@ -52,19 +54,15 @@ bool malloc_tuned() { return g_malloc_tuned; }
 
 int64_t HeapTrimPolicy::min_tokens_from(const char* value) {
   if (value == nullptr) return kDefaultMinTokens;
-  const std::string v = value;
-  size_t used = 0;
-  long long n = -1;
-  try {
-    n = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || n < 0 || !std::isdigit(static_cast<unsigned char>(v[0]))) {
+  const std::string_view v(value);
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc{} || end != v.data() + v.size() || n > INT64_MAX) {
     throw std::invalid_argument(
-        "TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" + v + "'");
+        "TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" + std::string(v) +
+        "'");
   }
-  return n;
+  return static_cast<int64_t>(n);
 }
 
 bool release_free_heap() {

@@ -18,17 +18,18 @@ namespace troupe::test {
 
 inline std::string tokenizer_dir() { return TROUPE_TOKENIZER_DIR; }
 
-// A "Field:   N kB" line of one of this process's /proc files, in KiB; -1 when
-// absent. ("/proc/self/smaps_rollup", "Anonymous": exact, from the page
-// tables; "/proc/self/status"'s Rss* are per-CPU counters' estimates.)
-inline int64_t proc_self_kib(const std::string& file, const std::string& field) {
+inline std::string troupe_bin() { return TROUPE_BIN; }
+
+// A "Field:   N kB" line of a /proc file ("/proc/self/status", "VmHWM"), in
+// KiB; -1 when absent. ("/proc/self/smaps_rollup", "Anonymous": exact, from
+// the page tables; status's Rss* are per-CPU counters' estimates.)
+inline int64_t proc_kib(const std::string& file, const std::string& field) {
   std::ifstream in(file);
   const std::string key = field + ":";
   for (std::string line; std::getline(in, line);)
     if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
   return -1;
 }
-inline std::string troupe_bin() { return TROUPE_BIN; }
 
 // A fresh folder under the system temp dir, removed when the object dies.
 class TempDir {

@@ -45,10 +45,7 @@ uint64_t env_number(const char* name, uint64_t fallback) {
 
 // Peak resident memory of a process (VmHWM), KiB; 0 when unknown.
 long peak_rss_kib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
-  return 0;
+  return std::max<long>(0, static_cast<long>(proc_kib("/proc/" + std::to_string(pid) + "/status", "VmHWM")));
 }
 
 // Failpoints a node may be restarted with: each a way for a worker node to misbehave.

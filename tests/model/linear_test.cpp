@@ -417,7 +417,7 @@ TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
 // go at the thread's next product (StepExecutor does, in the step after a
 // large prefill), and the results are the same bits.
 TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
-  const auto anon = [] { return test::proc_self_kib("/proc/self/smaps_rollup", "Anonymous"); };
+  const auto anon = [] { return test::proc_kib("/proc/self/smaps_rollup", "Anonymous"); };
   TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);  // one thread, so the one scratch

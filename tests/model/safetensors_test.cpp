@@ -114,7 +114,7 @@ TEST(Safetensors, ReadingAgainAfterItsPagesWereDroppedGivesTheSame) {
 // map_float reads the file's bytes in place: the same values as to_float's
 // copy, for any shape, and for views of it.
 // This process's resident pages of files, in KiB.
-int64_t rss_file_kib() { return test::proc_self_kib("/proc/self/status", "RssFile"); }
+int64_t rss_file_kib() { return test::proc_kib("/proc/self/status", "RssFile"); }
 
 TEST(Safetensors, MapFloatReadsWhatToFloatCopies) {
   test::TempDir dir;
