@@ -20,6 +20,15 @@ inline std::string tokenizer_dir() { return TROUPE_TOKENIZER_DIR; }
 
 inline std::string troupe_bin() { return TROUPE_BIN; }
 
+// Whether freed heap memory is glibc's to hand back (malloc_trim). Under
+// AddressSanitizer (scripts/test.sh's second stage) malloc is ASan's, with a
+// quarantine: what a test frees stays resident and malloc_trim has nothing.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kGlibcHeap = false;
+#else
+inline constexpr bool kGlibcHeap = true;
+#endif
+
 // A "Field:   N kB" line of a /proc file ("/proc/self/status", "VmHWM"), in
 // KiB; -1 when absent. ("/proc/self/smaps_rollup", "Anonymous": exact, from
 // the page tables; status's Rss* are per-CPU counters' estimates.)
