@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "model/gpt2.hpp"
 #include "model/paged_kv_cache.hpp"
@@ -80,7 +80,7 @@ template <class Fn>
 double each_chunk(const std::vector<int32_t>& ids, const std::vector<PerplexityWindow>& windows,
                   const PerplexityOptions& o, PerplexityResult& r, const std::function<void(int64_t, int64_t)>& progress,
                   Fn fn) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t blocks = (o.context + kPerplexityBlock - 1) / kPerplexityBlock;
   const torch::Tensor table = torch::arange(blocks, torch::kInt).view({1, blocks});

@@ -32,12 +32,21 @@ cmake --build "$ASAN_DIR" -j"$JOBS" --target "${targets[@]}"
 log "sanitizer build ready; running its tests"
 export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=3000 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 mkdir -p "$ASAN_DIR/logs"
-# HttpFront.* are http_tests' black-box tests (real serve processes, curl, node), like cli_tests: they ran
-# above; http_tests' unit tests (OpenAI mapping, Prometheus), HttpHostile.* (raw sockets against an
-# instrumented troupe: the event loop under ASan) and loadgen_tests (the load generator against stand-in
-# servers) run here. TokenizerVsTiktoken.*
-# (27 MB of text through node and the tokenizer, which the Release tests above ran) are left out too.
-printf '%s\n' "${targets[@]}" | xargs -P "$JOBS" -I{} sh -c \
-  '"$0/{}" --gtest_filter="-HttpFront.*:TokenizerVsTiktoken.*" --gtest_brief=1 >"$0/logs/{}.log" 2>&1 \
-   && echo "  {}: passed" || { echo "  {}: FAILED (log follows)"; tail -n 80 "$0/logs/{}.log"; exit 255; }' "$ASAN_DIR"
+# Left out here, as they ran above: the black-box tests of real troupe processes in the unit binaries
+# (HttpFront.*: serve processes, curl, node; CliSimulate.* and CliProfile.*: troupe simulate/profile runs,
+# minutes under ASan, whose code the in-process simulator tests run here) and TokenizerVsTiktoken.* (27 MB of
+# text through node and the tokenizer). http_tests' unit tests (OpenAI mapping, Prometheus), HttpHostile.*
+# (raw sockets against an instrumented troupe: the event loop under ASan) and loadgen_tests (the load
+# generator against stand-in servers) run here. The longest binaries start first and model_tests (~5 min
+# under ASan) runs as two shards, so the two CPUs end together.
+mapfile -t jobs < <(for t in model_tests sim_tests http_tests "${targets[@]}"; do echo "$t"; done | awk '!seen[$0]++' \
+  | while read -r t; do
+      printf '%s\n' "${targets[@]}" | grep -qx "$t" || continue
+      if [ "$t" = model_tests ]; then echo "$t 0 2"; echo "$t 1 2"; else echo "$t 0 1"; fi
+    done)
+printf '%s\n' "${jobs[@]}" | xargs -P "$JOBS" -L 1 sh -c \
+  'GTEST_SHARD_INDEX=$2 GTEST_TOTAL_SHARDS=$3 "$0/$1" --gtest_brief=1 \
+     --gtest_filter="-HttpFront.*:TokenizerVsTiktoken.*:CliSimulate.*:CliProfile.*" >"$0/logs/$1.$2.log" 2>&1 \
+   && echo "  $1 (shard $(($2 + 1)) of $3): passed" \
+   || { echo "  $1 (shard $(($2 + 1)) of $3): FAILED (log follows)"; tail -n 80 "$0/logs/$1.$2.log"; exit 255; }' "$ASAN_DIR"
 log "sanitizer tests passed"

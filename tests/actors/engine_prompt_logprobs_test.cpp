@@ -3,7 +3,7 @@
 // no-cache forward's log_softmax, for prompts longer than one chunk, with a
 // prefix the cache holds, and through a preemption.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <map>
 #include <random>
@@ -87,7 +87,7 @@ void collect(Engine& engine, Collected& c) {
 void expect_matches_full_forward(const std::vector<int32_t>& prompt, const std::vector<core::SampledToken>& got,
                                  int32_t top) {
   ASSERT_EQ(got.size(), prompt.size() - 1);
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const torch::Tensor logits = tiny().gpt.forward_full(prompt);
   const torch::Tensor lsm = torch::log_softmax(logits.to(torch::kDouble), 1);
   for (size_t p = 1; p < prompt.size(); ++p) {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
@@ -364,7 +364,7 @@ TEST(HttpFront, TheOfficialOpenAiNpmClientWorks) {
   EXPECT_EQ(lp["text_offset"][1], 5) << "\"Hello\" before \" world\"";
   auto md = model::load_model_dir(tiny_http_model_dir());
   model::Gpt2 gpt(md.config, std::move(md.weights), torch::kCPU);
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const torch::Tensor lsm = torch::log_softmax(gpt.forward_full(ids).to(torch::kDouble), 1);
   for (size_t p = 1; p < ids.size(); ++p) {
     EXPECT_NEAR(lp["token_logprobs"][p].get<double>(), lsm[static_cast<int64_t>(p) - 1][ids[p]].item<double>(), 1e-4)

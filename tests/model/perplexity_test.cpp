@@ -1,7 +1,7 @@
 #include "model/perplexity.hpp"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <memory>
