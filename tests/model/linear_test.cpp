@@ -432,11 +432,15 @@ TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
     const int64_t held = anon();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
-    if (test::kGlibcHeap) EXPECT_GT(anon(), held - (2 << 10)) << "a small product keeps the large scratch";
+    if (test::kGlibcHeap) {
+      EXPECT_GT(anon(), held - (2 << 10)) << "a small product keeps the large scratch";
+    }
     release_kernel_scratch();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
-    if (test::kGlibcHeap) EXPECT_LT(anon(), held - (6 << 10)) << "released at the next product";
+    if (test::kGlibcHeap) {
+      EXPECT_LT(anon(), held - (6 << 10)) << "released at the next product";
+    }
   }
   at::set_num_threads(threads);
 }
