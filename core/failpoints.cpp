@@ -12,12 +12,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/splitmix.hpp"
+#include "core/whole_number.hpp"
 
 namespace troupe::fail {
 namespace {
@@ -105,10 +107,9 @@ class EntryParser {
   }
   // `digits` as a whole number below 2^64, or refuse(expected).
   uint64_t whole(std::string_view digits, const std::string& expected) const {
-    uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-    if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size()) refuse(expected);
-    return v;
+    const std::optional<uint64_t> v = core::parse_whole_number(digits);
+    if (!v) refuse(expected);
+    return *v;
   }
 
   Entry action() {
@@ -330,11 +331,11 @@ void configure_from_env() {
   const char* seed_text = std::getenv("TROUPE_FAILPOINTS_SEED");
   uint64_t seed = 0;
   if (seed_text != nullptr && *seed_text != '\0') {
-    const std::string_view text(seed_text);
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seed);
-    if (ec != std::errc{} || end != text.data() + text.size())
+    const std::optional<uint64_t> v = core::parse_whole_number(seed_text);
+    if (!v)
       throw std::invalid_argument("TROUPE_FAILPOINTS_SEED: expected a whole number 0..2^64-1, got '" +
-                                  std::string(text) + "'");
+                                  std::string(seed_text) + "'");
+    seed = *v;
   }
   configure(spec != nullptr ? spec : "", seed);
   if (enabled())

@@ -4,13 +4,15 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <string_view>
+#include <string>
+
+#include "core/whole_number.hpp"
 
 namespace troupe::core {
 namespace {
@@ -54,15 +56,13 @@ bool malloc_tuned() { return g_malloc_tuned; }
 
 int64_t HeapTrimPolicy::min_tokens_from(const char* value) {
   if (value == nullptr) return kDefaultMinTokens;
-  const std::string_view v(value);
-  uint64_t n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (v.empty() || ec != std::errc{} || end != v.data() + v.size() || n > INT64_MAX) {
+  const std::optional<uint64_t> n = parse_whole_number(value);
+  if (!n || *n > INT64_MAX) {
     throw std::invalid_argument(
-        "TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" + std::string(v) +
-        "'");
+        "TROUPE_HEAP_TRIM must be a count of tokens (0: never give the heap back), not '" +
+        std::string(value) + "'");
   }
-  return static_cast<int64_t>(n);
+  return static_cast<int64_t>(*n);
 }
 
 bool release_free_heap() {

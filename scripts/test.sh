@@ -39,11 +39,10 @@ mkdir -p "$ASAN_DIR/logs"
 # (raw sockets against an instrumented troupe: the event loop under ASan) and loadgen_tests (the load
 # generator against stand-in servers) run here. The longest binaries start first and model_tests (~5 min
 # under ASan) runs as two shards, so the two CPUs end together.
-mapfile -t jobs < <(for t in model_tests sim_tests http_tests "${targets[@]}"; do echo "$t"; done | awk '!seen[$0]++' \
-  | while read -r t; do
-      printf '%s\n' "${targets[@]}" | grep -qx "$t" || continue
-      if [ "$t" = model_tests ]; then echo "$t 0 2"; echo "$t 1 2"; else echo "$t 0 1"; fi
-    done)
+jobs=("model_tests 0 2" "model_tests 1 2" "sim_tests 0 1" "http_tests 0 1")
+for t in "${targets[@]}"; do
+  case "$t" in model_tests | sim_tests | http_tests) ;; *) jobs+=("$t 0 1") ;; esac
+done
 printf '%s\n' "${jobs[@]}" | xargs -P "$JOBS" -L 1 sh -c \
   'GTEST_SHARD_INDEX=$2 GTEST_TOTAL_SHARDS=$3 "$0/$1" --gtest_brief=1 \
      --gtest_filter="-HttpFront.*:TokenizerVsTiktoken.*:CliSimulate.*:CliProfile.*" >"$0/logs/$1.$2.log" 2>&1 \

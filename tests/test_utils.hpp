@@ -40,6 +40,9 @@ inline int64_t proc_kib(const std::string& file, const std::string& field) {
   return -1;
 }
 
+// This process's anonymous memory, in KiB: exact, from its page tables.
+inline int64_t anon_kib() { return proc_kib("/proc/self/smaps_rollup", "Anonymous"); }
+
 // A fresh folder under the system temp dir, removed when the object dies.
 class TempDir {
  public:

@@ -17,7 +17,6 @@ namespace {
 // only the heap's top) until release_free_heap hands its pages back.
 TEST(HeapPages, ReleaseHandsFreedMemoryBack) {
   if (!test::kGlibcHeap) GTEST_SKIP() << "AddressSanitizer's malloc: nothing for malloc_trim to give back";
-  const auto anon = [] { return test::proc_kib("/proc/self/smaps_rollup", "Anonymous"); };
   constexpr size_t kPiece = 32 << 10;  // under glibc's mmap threshold: heap memory
   std::vector<void*> pieces, kept;
   for (int i = 0; i < 2048; ++i) {  // 64 MiB
@@ -26,13 +25,13 @@ TEST(HeapPages, ReleaseHandsFreedMemoryBack) {
     std::memset(p, 1, kPiece);
     (i % 16 == 15 ? kept : pieces).push_back(p);  // every 16th stays: runs of 480 KiB between them
   }
-  const int64_t held = anon();
+  const int64_t held = test::anon_kib();
   ASSERT_GT(held, 64 << 10);
   for (void* p : pieces) std::free(p);
-  const int64_t freed = anon();
+  const int64_t freed = test::anon_kib();
   EXPECT_GT(freed, held - (4 << 10)) << "free() alone keeps the pages";
   EXPECT_TRUE(release_free_heap());
-  EXPECT_LT(anon(), freed - (40 << 10)) << "released: most of the 60 MiB freed went back";
+  EXPECT_LT(test::anon_kib(), freed - (40 << 10)) << "released: most of the 60 MiB freed went back";
   for (void* p : kept) std::free(p);
 }
 

@@ -417,7 +417,6 @@ TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
 // go at the thread's next product (StepExecutor does, in the step after a
 // large prefill), and the results are the same bits.
 TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
-  const auto anon = [] { return test::proc_kib("/proc/self/smaps_rollup", "Anonymous"); };
   TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);  // one thread, so the one scratch
@@ -429,17 +428,17 @@ TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
     const torch::Tensor before = lin.forward(one);
     lin.forward(at::randn({4096, 1024}));  // 4096 rows x 512 pairs x 4 bytes: 8 MiB of scratch
     core::release_free_heap();
-    const int64_t held = anon();
+    const int64_t held = test::anon_kib();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
     if (test::kGlibcHeap) {
-      EXPECT_GT(anon(), held - (2 << 10)) << "a small product keeps the large scratch";
+      EXPECT_GT(test::anon_kib(), held - (2 << 10)) << "a small product keeps the large scratch";
     }
     release_kernel_scratch();
     EXPECT_TRUE(at::equal(lin.forward(one), before));
     core::release_free_heap();
     if (test::kGlibcHeap) {
-      EXPECT_LT(anon(), held - (6 << 10)) << "released at the next product";
+      EXPECT_LT(test::anon_kib(), held - (6 << 10)) << "released at the next product";
     }
   }
   at::set_num_threads(threads);
