@@ -43,6 +43,7 @@
 #include "model/config.hpp"
 #include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
+#include "model/kernel_team.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/threading.hpp"
 #include "model/weights.hpp"
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   ThreadOptions threads;
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
+  bool teams = false;  // batch-1 decode on OpenMP regions against kernel teams, alternating, and nothing else
   std::vector<WeightDtype> dtypes{WeightDtype::kFloat32};
   std::string kv_name = "auto";
   std::vector<CpuIsa> isas;
@@ -117,11 +119,16 @@ int main(int argc, char** argv) {
       dtypes = parse_dtypes(argv[++i]);
     else if (!std::strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc)
       kv_name = argv[++i];
+    else if (!std::strcmp(argv[i], "--teams"))
+      teams = true;
     else {
-      std::fprintf(stderr,
-                   "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
-                   "                    [--dtypes float32,bfloat16,int8,int8_g32] [--kv-cache-dtype auto|float32|bfloat16]\n"
-                   "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
+          "                    [--dtypes float32,bfloat16,int8,int8_g32] [--kv-cache-dtype "
+          "auto|float32|bfloat16]\n"
+          "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n"
+          "                    [--teams]  (each step on OpenMP regions vs kernel teams, alternating)\n");
       return 2;
     }
   }
@@ -158,6 +165,50 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       v.model->forward_step(p ? prefill : d1 ? decode1 : decode64, p ? *v.cache_p : d1 ? *v.cache1 : *v.cache64);
       std::printf("%s %s: %.1f ms\n", profile.c_str(), v.name().c_str(), ms_since(t0));
+    }
+    return 0;
+  }
+  if (teams) {
+    // Blocks of steps, the two ways alternating block by block
+    // (model/kernel_team.hpp): per variant and step the median of each way
+    // and their ratio, from the same minutes of the machine.
+    struct TeamStep {
+      const char* name;
+      const FlatBatch* batch;
+      int per_block;
+    };
+    const FlatBatch decode8 = bench::step_batch(8, 1, 128);  // in the 64-sequence cache
+    const TeamStep steps[] = {{"decode 1", &decode1, 20},
+                              {"decode 8", &decode8, 10},
+                              {"decode 64", &decode64, 4},
+                              {"prefill 512", &prefill, 1}};
+    std::printf("%d rounds per step, OpenMP regions and kernel teams alternating by blocks of steps\n",
+                rounds * 4);
+    for (auto& v : vs) {
+      ScopedKernelIsa scope(v.isa);
+      for (const TeamStep& st : steps) {
+        PagedKvCache& cache = st.batch == &decode1   ? *v.cache1
+                              : st.batch == &prefill ? *v.cache_p
+                                                     : *v.cache64;
+        std::vector<double> ms[2];
+        for (int r = -1; r < rounds * 4; ++r) {
+          for (int team = 0; team < 2; ++team) {
+            set_kernel_team_enabled(team == 1);
+            for (int k = 0; k < st.per_block; ++k) {
+              const auto t0 = Clock::now();
+              v.model->forward_step(*st.batch, cache);
+              if (r >= 0) ms[team].push_back(ms_since(t0));
+            }
+          }
+        }
+        set_kernel_team_enabled(true);
+        const Stats o = stats(ms[0]), t = stats(ms[1]);
+        std::printf(
+            "%-22s %-11s OpenMP %8.3f ms (best %8.3f) | teams %8.3f ms (best %8.3f) | OpenMP / teams: "
+            "median %.3fx, best %.3fx\n",
+            v.name().c_str(), st.name, o.median, o.best, t.median, t.best, o.median / t.median,
+            o.best / t.best);
+      }
     }
     return 0;
   }

@@ -12,6 +12,7 @@
 #include "core/failpoints.hpp"
 #include "core/heap_pages.hpp"
 #include "model/cpu_features.hpp"
+#include "model/kernel_team.hpp"
 #include "model/threading.hpp"
 
 namespace {
@@ -44,9 +45,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
     return 2;
   }
-  // Read again by each worker's StepExecutor; refused here, before anything starts.
+  // Read again by each worker (its StepExecutor, its first forward pass); refused
+  // here, before anything starts.
   try {
     troupe::core::HeapTrimPolicy::min_tokens_from(std::getenv("TROUPE_HEAP_TRIM"));
+    troupe::model::kernel_team_enabled();  // TROUPE_KERNEL_TEAM: read by the first forward pass
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;

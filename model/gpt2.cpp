@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "model/kernel_team.hpp"
 #include "model/paged_attention.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/safetensors.hpp"
@@ -117,6 +118,7 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
                                const torch::Tensor& keep_rows) const {
   const int64_t E = config_.n_embd, H = config_.n_head, D = config_.head_dim();
   const double eps = config_.layer_norm_epsilon;
+  const KernelTeamScope team(x.size(0));  // a small pass: no libgomp region (kernel_team.hpp)
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
     const int64_t T = x.size(0);
@@ -158,6 +160,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 }
 
 torch::Tensor Gpt2::lm_head(const torch::Tensor& x) const {
+  const KernelTeamScope team(x.size(0));
   const torch::Tensor h = at::layer_norm(x, {config_.n_embd}, ln_f_w_, ln_f_b_, config_.layer_norm_epsilon);
   return head_.forward(h);
 }

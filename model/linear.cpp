@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "model/kernel_team.hpp"
 #include "model/linear_kernel.hpp"
 #include "model/safetensors.hpp"
 
@@ -329,7 +330,7 @@ void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in,
   const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / per_panel);
   if (dtype_ == WeightDtype::kBFloat16) {
     const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
-    at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+    kernel_parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
       kernel.run_bf16(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
     });
     return;
@@ -338,13 +339,13 @@ void Linear::run_packed(const torch::Tensor& x_in, const torch::Tensor& bias_in,
     const int8_t* wp = weight_.data_ptr<int8_t>();
     const float* sp = scales_.data_ptr<float>();
     const auto run = dtype_ == WeightDtype::kInt8 ? kernel.run_int8 : kernel.run_int8_g32;
-    at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+    kernel_parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
       run(xp, M, K, N, wp, sp, bp, c, ldc, accumulate, gelu, p0, p1);
     });
     return;
   }
   const float* wp = weight_.data_ptr<float>();
-  at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+  kernel_parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
     kernel.run(xp, M, K, N, wp, bp, c, ldc, accumulate, gelu, p0, p1);
   });
 }

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "model/kernel_team.hpp"
 #include "model/paged_attention_kernel.hpp"
 
 namespace troupe::model {
@@ -74,7 +75,7 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   // A decode row takes all its sequence's heads in one item (attend_heads
   // streams each block once) when there are sequences enough to keep every
   // thread busy; else one item per head, as a prefill tile.
-  const bool whole_decodes = S >= 2 * static_cast<int64_t>(at::get_num_threads());
+  const bool whole_decodes = S >= 2 * static_cast<int64_t>(kernel_threads());
   std::vector<Item> items;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q0 = in.query_start[s], q1 = in.query_start[s + 1], ctx = in.context_lens[s];
@@ -128,8 +129,8 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   // Dynamic scheduling: items differ in cost by orders of magnitude (a long
   // prefill tile next to a short decode), so threads pull the next item.
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_items));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(kernel_threads(), n_items));
+  kernel_parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     std::vector<float> buf(static_cast<size_t>(attention_scratch_floats(D, bs, H)));
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) process(items[i], buf.data());
   });

@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "model/kernel_team.hpp"
+
 namespace troupe::model {
 namespace {
 
@@ -132,7 +134,7 @@ void PagedKvCache::write(int layer, const torch::Tensor& slots, const torch::Ten
   const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), vs0 = vc.stride(0), vs1 = vc.stride(1);
   const int64_t bs = block_size_;
   auto copy = [&](auto* kd, auto* vd) {
-    at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    kernel_parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t blk = sp[t] / bs, off = sp[t] % bs;
         for (int64_t h = 0; h < H; ++h) {

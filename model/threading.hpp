@@ -2,8 +2,9 @@
 // Threading policy for the numerics, decided on purpose (docs/threading.md).
 //
 // Pools: libtorch's intra-op pool and our kernels' at::parallel_for are
-// OpenMP (libgomp); at:: GEMMs that reach BLAS run on OpenBLAS's own pthread
-// pool. What holds, checked by tests/model/threading_test.cpp:
+// OpenMP (libgomp), but for passes of at most 16 tokens, whose kernels run on
+// kernel teams (kernel_team.hpp); at:: GEMMs that reach BLAS run on
+// OpenBLAS's own pthread pool. What holds, checked by tests/model/threading_test.cpp:
 // - libgomp's team size (nthreads-var) is per thread: each worker thread sets
 //   its own with omp_set_num_threads and gets its own team of pool threads.
 // - at::set_num_threads is not per thread: besides this thread's team size it

@@ -1,0 +1,87 @@
+#pragma once
+// KernelTeam: the threads that run one caller's kernels, kept between calls.
+//
+// A batch-1 decode step of GPT-2 124M runs 61 parallel products and
+// attentions of 12-50 us each. Through at::parallel_for each is a libgomp
+// parallel region, whose fork and join cost 2.8-3.9 us on a 2-vCPU VM
+// (docs/notes/2026-12-05-dot-product-kernels.md, "Later"): ~0.2 ms of a
+// ~3 ms int8 step. A KernelTeam hands a region to helper threads that wait
+// for it spinning on one cache line, then sleep on a futex when no work came
+// for kSpinMicros: a hand-off is a store and a load across cores.
+//
+// Only small forward passes use it (KernelTeamScope): a pass of at most
+// kTeamMaxTokens tokens runs its kernels on the calling thread's team and
+// libtorch's own ops (LayerNorm, the embedding) on the calling thread alone,
+// so that no libgomp region opens in it. A larger pass is left as it was:
+// its regions are long, and its LayerNorms are libgomp regions, whose team
+// would share the CPUs with a spinning KernelTeam (measured: a 64-sequence
+// decode step 2-4% slower when both pools ran in it; bench_limits --teams).
+//
+// kernel_parallel_for(begin, end, grain, f) is at::parallel_for's contract:
+// f(b, e) on contiguous chunks that cover [begin, end) once, at most as many
+// chunks as kernel_threads(), none shorter than grain but the last; a chunk's
+// exception is rethrown on the caller once every chunk has returned. The
+// chunking is at::parallel_for's (OpenMP build), so a kernel that splits its
+// work by chunk gets the same split either way. Outside a KernelTeamScope it
+// is at::parallel_for.
+//
+// Thread-safety: each calling thread has its own team (thread_local), sized
+// by its own at::get_num_threads() when its scope opened, so the workers of
+// one process, each with its thread budget (threading.hpp), never share one.
+// A call made from inside a chunk runs inline on its thread. A child made by
+// fork() starts without teams (the helpers are not copied).
+// TROUPE_KERNEL_TEAM=0 turns the scopes off (read once; any value other than
+// 0 or 1 is refused where it is first read).
+
+#include <cstdint>
+
+namespace troupe::model {
+
+namespace detail {
+using ChunkFn = void (*)(const void* f, int64_t begin, int64_t end);
+void kernel_team_run(int64_t begin, int64_t end, int64_t grain, ChunkFn fn, const void* f);
+}  // namespace detail
+
+template <class F>
+void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  detail::kernel_team_run(
+      begin, end, grain, [](const void* p, int64_t b, int64_t e) { (*static_cast<const F*>(p))(b, e); }, &f);
+}
+
+// The largest forward pass, in tokens, that runs on a KernelTeam.
+inline constexpr int64_t kTeamMaxTokens = 16;
+
+// For the life of a forward pass of `tokens` tokens on this thread (above).
+// In a scope that uses the team, omp_get_max_threads() is 1 on this thread
+// and kernel_threads() the team's size; the destructor restores both. A scope
+// inside one that is open changes nothing.
+class KernelTeamScope {
+ public:
+  explicit KernelTeamScope(int64_t tokens);
+  ~KernelTeamScope();
+  KernelTeamScope(const KernelTeamScope&) = delete;
+  KernelTeamScope& operator=(const KernelTeamScope&) = delete;
+  bool uses_team() const { return team_threads_ > 0; }
+
+ private:
+  int team_threads_ = 0;  // the team's size; 0: this scope changed nothing
+  int omp_threads_ = 0;   // this thread's OpenMP team size before the scope
+};
+
+// The threads a kernel may split its work over on this thread: the open
+// scope's team, else at::get_num_threads().
+int kernel_threads();
+
+// Whether scopes use teams (TROUPE_KERNEL_TEAM, default on); throws
+// std::invalid_argument for a value other than 0 or 1.
+bool kernel_team_enabled();
+
+// For tests and benches: scopes opened from now on use teams (true) or not
+// (false), process-wide.
+void set_kernel_team_enabled(bool on);
+
+// The calling thread's team size (its helpers + itself); 0 before its first
+// region on a team.
+int kernel_team_size();
+
+}  // namespace troupe::model
