@@ -178,8 +178,10 @@ int main(int argc, char** argv) {
       int per_block;
     };
     const FlatBatch decode8 = bench::step_batch(8, 1, 128);  // in the 64-sequence cache
+    const FlatBatch decode32 = bench::step_batch(32, 1, 128);
     const TeamStep steps[] = {{"decode 1", &decode1, 20},
                               {"decode 8", &decode8, 10},
+                              {"decode 32", &decode32, 6},
                               {"decode 64", &decode64, 4},
                               {"prefill 512", &prefill, 1}};
     std::printf("%d rounds per step, OpenMP regions and kernel teams alternating by blocks of steps\n",

@@ -12,10 +12,13 @@
 // Only small forward passes use it (KernelTeamScope): a pass of at most
 // kTeamMaxTokens tokens runs its kernels on the calling thread's team and
 // libtorch's own ops (LayerNorm, the embedding) on the calling thread alone,
-// so that no libgomp region opens in it. A larger pass is left as it was:
-// its regions are long, and its LayerNorms are libgomp regions, whose team
-// would share the CPUs with a spinning KernelTeam (measured: a 64-sequence
-// decode step 2-4% slower when both pools ran in it; bench_limits --teams).
+// so that no libgomp region opens in it (with both pools in one pass, the
+// libgomp team woke beside a spinning KernelTeam: a 64-sequence decode step
+// was 2-4% slower). A larger pass is left to libgomp: its regions are long,
+// and one thread's LayerNorms over its rows cost what the team saves (a
+// 64-token pass on the team measured 0.98-1.03x, a 32-token one 1.01-1.06x
+// and served at 32 concurrent 1.07-1.26x; bench_limits --teams,
+// docs/benchmarks.md "Kernel teams").
 //
 // kernel_parallel_for(begin, end, grain, f) is at::parallel_for's contract:
 // f(b, e) on contiguous chunks that cover [begin, end) once, at most as many
@@ -49,7 +52,7 @@ void kernel_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
 }
 
 // The largest forward pass, in tokens, that runs on a KernelTeam.
-inline constexpr int64_t kTeamMaxTokens = 16;
+inline constexpr int64_t kTeamMaxTokens = 32;
 
 // For the life of a forward pass of `tokens` tokens on this thread (above).
 // In a scope that uses the team, omp_get_max_threads() is 1 on this thread

@@ -2,7 +2,7 @@
 // Threading policy for the numerics, decided on purpose (docs/threading.md).
 //
 // Pools: libtorch's intra-op pool and our kernels' at::parallel_for are
-// OpenMP (libgomp), but for passes of at most 16 tokens, whose kernels run on
+// OpenMP (libgomp), but for passes of at most 32 tokens, whose kernels run on
 // kernel teams (kernel_team.hpp); at:: GEMMs that reach BLAS run on
 // OpenBLAS's own pthread pool. What holds, checked by tests/model/threading_test.cpp:
 // - libgomp's team size (nthreads-var) is per thread: each worker thread sets
