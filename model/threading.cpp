@@ -16,6 +16,7 @@
 #include "core/heap_pages.hpp"
 
 #include "model/cpu_count.hpp"
+#include "model/kernel_team.hpp"
 
 namespace troupe::model {
 namespace {
@@ -112,7 +113,9 @@ const char* thread_summary() {
   s = "cpus=" + std::to_string(c.usable) + " (affinity " + std::to_string(c.affinity) + ", " + quota +
       ") omp=" + std::to_string(at::get_num_threads()) + " blas=" + std::to_string(get_blas_threads()) +
       " omp_wait_policy=" + (wp && *wp ? wp : "unset") + " gomp_spincount=" + (sc && *sc ? sc : "unset") +
-      " malloc=" + (core::malloc_tuned() ? "tuned" : "default");
+      " malloc=" + (core::malloc_tuned() ? "tuned" : "default") +
+      // passes of up to this many tokens run on kernel teams (kernel_team.hpp)
+      " kernel_teams=" + (kernel_team_enabled() ? std::to_string(kTeamMaxTokens) : std::string("off"));
   return s.c_str();
 }
 

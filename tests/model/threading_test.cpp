@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include "model/cpu_count.hpp"
+#include "model/kernel_team.hpp"
 #include "model/threading.hpp"
 #include "test_utils.hpp"
 
@@ -348,6 +349,11 @@ TEST(ThreadBudget, TestsRunUnderTheShippedPolicy) {
   ASSERT_NE(std::getenv("GOMP_SPINCOUNT"), nullptr) << "test_main.cpp or ctest must set GOMP_SPINCOUNT";
   EXPECT_STREQ(std::getenv("GOMP_SPINCOUNT"), kGompSpinCount);
   EXPECT_HAS(thread_summary(), "cpus=" + std::to_string(usable_cpus()));
+  // Which pool runs a small pass's kernels (kernel_team.hpp) is named too.
+  set_kernel_team_enabled(false);
+  EXPECT_HAS(thread_summary(), "kernel_teams=off");
+  set_kernel_team_enabled(true);
+  EXPECT_HAS(thread_summary(), "kernel_teams=" + std::to_string(kTeamMaxTokens));
 }
 
 // What tune_malloc is for: a step's activations, freed at its end, serve the
