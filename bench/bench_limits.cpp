@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   ThreadOptions threads;
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
-  bool teams = false;  // batch-1 decode on OpenMP regions against kernel teams, alternating, and nothing else
+  bool teams = false;   // each step on OpenMP regions against kernel teams, alternating, and nothing else
   std::vector<WeightDtype> dtypes{WeightDtype::kFloat32};
   std::string kv_name = "auto";
   std::vector<CpuIsa> isas;

@@ -11,7 +11,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "model/kernel_team.hpp"
 #include "model/sampler_kernels.hpp"
 
 namespace troupe::model {
@@ -442,7 +441,7 @@ std::vector<SampledToken> score_rows(const at::Tensor& logits, const std::vector
   const at::Tensor cpu = logits.to(at::kCPU, at::kFloat).contiguous();
   const float* base = cpu.data_ptr<float>();
   // An exception inside parallel_for is rethrown on the caller's thread.
-  kernel_parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) out[r] = score(base + r * vocab, vocab, ids[r], n_top[r]);
   });
   return out;
@@ -472,8 +471,8 @@ std::vector<SampledToken> sample_rows(const at::Tensor& logits, const std::vecto
   // top-p, or a top-p row whose winner is in the nucleus next to one whose
   // is not), which even halves would leave one thread waiting on the other.
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(kernel_threads(), rows));
-  kernel_parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t r = next.fetch_add(1); r < rows; r = next.fetch_add(1))
       out[r] =
           sample(base + r * vocab, vocab, params[r], positions[r], history.empty() ? History{} : history[r]);
