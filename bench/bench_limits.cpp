@@ -52,6 +52,7 @@ using namespace troupe;
 using namespace troupe::model;
 using troupe::bench::Clock;
 using troupe::bench::ms_since;
+using troupe::bench::ReadProbe;
 using troupe::bench::Stats;
 using troupe::bench::stats;
 
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   std::string profile;  // run one figure's step `rounds` times and nothing else (for perf record)
   bool teams = false;   // each step on OpenMP regions against kernel teams, alternating, and nothing else
+  bool floor_pairs = false;  // the batch-1 step against the read of the same moment, pair by pair
   std::vector<WeightDtype> dtypes{WeightDtype::kFloat32};
   std::string kv_name = "auto";
   std::vector<CpuIsa> isas;
@@ -121,6 +123,8 @@ int main(int argc, char** argv) {
       kv_name = argv[++i];
     else if (!std::strcmp(argv[i], "--teams"))
       teams = true;
+    else if (!std::strcmp(argv[i], "--floor"))
+      floor_pairs = true;
     else {
       std::fprintf(
           stderr,
@@ -128,7 +132,8 @@ int main(int argc, char** argv) {
           "                    [--dtypes float32,bfloat16,int8,int8_g32] [--kv-cache-dtype "
           "auto|float32|bfloat16]\n"
           "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n"
-          "                    [--teams]  (each step on OpenMP regions vs kernel teams, alternating)\n");
+          "                    [--teams]  (each step on OpenMP regions vs kernel teams, alternating)\n"
+          "                    [--floor]  (the batch-1 step against the streaming read just before it)\n");
       return 2;
     }
   }
@@ -211,6 +216,52 @@ int main(int argc, char** argv) {
             v.name().c_str(), st.name, o.median, o.best, t.median, t.best, o.median / t.median,
             o.best / t.best);
       }
+    }
+    return 0;
+  }
+  if (floor_pairs) {
+    // The batch-1 step against its memory floor pair by pair: each pair is
+    // a streaming read (best of 2 passes over a buffer kept for the run)
+    // and, right after it, the best of 3 steps, so both halves see the same
+    // moment of a machine whose bandwidth swings between minutes. The
+    // figure is the median of the pairs' ratios, with their quartiles.
+    ReadProbe probe(size_t{512} << 20, 0);
+    const int pairs = rounds * 10;
+    std::printf(
+        "%d pairs per variant: streaming read (best of 2 passes, 512 MiB), then the best of 3 batch-1 "
+        "steps (ctx 64); variants alternating pair by pair\n\n",
+        pairs);
+    std::vector<std::vector<double>> ratio(vs.size()), step(vs.size()), floors(vs.size());
+    for (int r = -1; r < pairs; ++r) {
+      for (size_t i = 0; i < vs.size(); ++i) {
+        Variant& v = vs[i];
+        ScopedKernelIsa scope(v.isa);
+        const double gbs = probe.gbs(2);
+        double best = 1e30;
+        for (int k = 0; k < 3; ++k) {
+          const auto t0 = Clock::now();
+          v.model->forward_step(decode1, *v.cache1);
+          best = std::min(best, ms_since(t0));
+        }
+        if (r < 0) continue;
+        const double floor_ms = v.work(cfg, 1, 1, 64).weight_bytes / (gbs * 1e9) * 1e3;
+        ratio[i].push_back(best / floor_ms);
+        step[i].push_back(best);
+        floors[i].push_back(floor_ms);
+      }
+    }
+    std::printf("%-18s | %-34s | %-14s | %-14s | %s\n", "variant", "step / floor: median (p25-p75)",
+                "step median", "floor median", "best step / best floor");
+    for (size_t i = 0; i < vs.size(); ++i) {
+      std::vector<double> q = ratio[i];
+      std::sort(q.begin(), q.end());
+      const auto at = [&](double f) {
+        return q[static_cast<size_t>(f * static_cast<double>(q.size() - 1) + 0.5)];
+      };
+      const Stats s = stats(step[i]), f = stats(floors[i]);
+      std::printf("%-18s | %6.3fx (%5.3f-%5.3f)%12s | %8.3f ms    | %8.3f ms    | %.3f / %.3f = %.3fx\n",
+                  vs[i].name().c_str(), at(0.5), at(0.25), at(0.75), "", s.median, f.median, s.best, f.best,
+                  s.best / f.best);
     }
     return 0;
   }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,32 +95,57 @@ double fma_peak_gflops(model::CpuIsa isa, int threads, bool bf16_dot) {
   return best;
 }
 
-double read_bandwidth_gbs(size_t bytes, int threads, int passes) {
-  const int n = threads > 0 ? threads : at::get_num_threads();
-  const size_t count = bytes / sizeof(float);
+ReadProbe::ReadProbe(size_t bytes, int threads)
+    : threads_(threads > 0 ? threads : at::get_num_threads()),
+      count_(bytes / sizeof(float)),
+      mem_(nullptr, std::free) {
   // In 2 MiB pages advised for transparent huge pages, like Linear's packed
   // weights: with 4 KiB pages the TLB misses and the prefetchers' stops at
   // each page would make the floor easier to beat than the weights' stream.
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t rounded = (count * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-  std::unique_ptr<float, void (*)(void*)> mem(static_cast<float*>(std::aligned_alloc(kHuge, rounded)), std::free);
-  if (!mem) throw std::bad_alloc();
-  madvise(mem.get(), rounded, MADV_HUGEPAGE);
-  float* buf = mem.get();
-  std::fill_n(buf, count, 1.0f);  // written once: every page resident
+  const size_t rounded = (count_ * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+  mem_.reset(static_cast<float*>(std::aligned_alloc(kHuge, rounded)));
+  if (!mem_) throw std::bad_alloc();
+  madvise(mem_.get(), rounded, MADV_HUGEPAGE);
+  std::fill_n(mem_.get(), count_, 1.0f);  // written once: every page resident
+}
+
+double ReadProbe::gbs(int passes) {
   const LimitLoops& l = loops(model::best_isa());
+  const int n = threads_;
   std::vector<float> sink(static_cast<size_t>(n));
+  std::vector<Clock::time_point> done(static_cast<size_t>(n));
+  float* buf = mem_.get();
   double best = 0;
   for (int p = 0; p < passes; ++p) {
-    const double s = on_threads(n, [&](int t) {
-      const size_t begin = count * static_cast<size_t>(t) / static_cast<size_t>(n);
-      const size_t end = count * static_cast<size_t>(t + 1) / static_cast<size_t>(n);
-      sink[static_cast<size_t>(t)] = l.read(buf + begin, end - begin);
-    });
-    best = std::max(best, static_cast<double>(count * sizeof(float)) / s * 1e-9);
+    // The threads start together on a flag, and the pass is timed from the
+    // flag to the last one's end: their creation is not in it.
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    Clock::time_point t0;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < n; ++t)
+      pool.emplace_back([&, t] {
+        const size_t begin = count_ * static_cast<size_t>(t) / static_cast<size_t>(n);
+        const size_t end = count_ * static_cast<size_t>(t + 1) / static_cast<size_t>(n);
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        sink[static_cast<size_t>(t)] = l.read(buf + begin, end - begin);
+        done[static_cast<size_t>(t)] = Clock::now();
+      });
+    while (ready.load() < n) std::this_thread::yield();
+    t0 = Clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t0).count();
+    best = std::max(best, static_cast<double>(count_ * sizeof(float)) / s * 1e-9);
   }
   if (sink[0] < 0) std::printf(" ");  // keeps the sums alive
   return best;
+}
+
+double read_bandwidth_gbs(size_t bytes, int threads, int passes) {
+  return ReadProbe(bytes, threads).gbs(passes);
 }
 
 double peak_rss_mib() { return status_mib("VmHWM"); }

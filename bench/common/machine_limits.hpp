@@ -9,6 +9,7 @@
 // And what a report needs beside them: resident memory, the CPU and the
 // kernels chosen.
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "model/cpu_features.hpp"
@@ -26,6 +27,20 @@ double fma_peak_gflops(model::CpuIsa isa, int threads = 0, bool bf16_dot = false
 // a `bytes` buffer (default 1 GiB) once through, each its own contiguous
 // share, with the best variant's loads; best of `passes`.
 double read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int threads = 0, int passes = 5);
+
+// The same read on a buffer kept between calls, for figures paired with the
+// bandwidth of the same moment (bench_limits --floor): allocated and written
+// once; gbs() reads it `passes` times and returns the best, in GB/s.
+class ReadProbe {
+ public:
+  explicit ReadProbe(size_t bytes = size_t{512} << 20, int threads = 0);
+  double gbs(int passes = 1);
+
+ private:
+  int threads_;
+  size_t count_;
+  std::unique_ptr<float, void (*)(void*)> mem_;
+};
 
 // Peak and current resident set of this process, MiB (VmHWM, VmRSS of
 // /proc/self/status; -1 when unreadable).
