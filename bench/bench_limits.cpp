@@ -23,8 +23,14 @@
 // rounds, and prints each step's time relative to the first dtype's: the
 // ratios the 16-bit issue asks for, measured side by side.
 //
+// --floor measures figure 1 alone, pair by pair: a streaming read, then the
+// best of 3 steps right after it, so both see the same moment of a machine
+// whose bandwidth swings by a third between minutes (a VM's); it prints the
+// median and quartiles of the pairs' ratios.
+//
 //   build/bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]
 //                      [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]
+//                      [--floor | --teams | --profile decode1|prefill|decode64]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
