@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "model/kernel_team.hpp"
+#include "model/layer_norm.hpp"
 #include "model/paged_attention.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/safetensors.hpp"
@@ -122,7 +123,7 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
     const int64_t T = x.size(0);
-    const torch::Tensor h = at::layer_norm(x, {E}, L.ln1_w, L.ln1_b, eps);
+    const torch::Tensor h = layer_norm_rows(x, L.ln1_w, L.ln1_b, eps);
     const torch::Tensor qkv = L.attn.forward(h, L.attn_b);  // [T, 3E]
     torch::Tensor a = attend(static_cast<int>(i), qkv.narrow(1, 0, E).view({T, H, D}),
                              qkv.narrow(1, E, E).view({T, H, D}), qkv.narrow(1, 2 * E, E).view({T, H, D}));
@@ -132,7 +133,7 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
     }
     L.attn_proj.forward_add_(x, a, L.attn_proj_b);
     const torch::Tensor f =
-        L.fc.forward(at::layer_norm(x, {E}, L.ln2_w, L.ln2_b, eps), L.fc_b, Activation::kGeluTanh);
+        L.fc.forward(layer_norm_rows(x, L.ln2_w, L.ln2_b, eps), L.fc_b, Activation::kGeluTanh);
     L.fc_proj.forward_add_(x, f, L.fc_proj_b);
   }
   return x;
@@ -161,7 +162,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 
 torch::Tensor Gpt2::lm_head(const torch::Tensor& x) const {
   const KernelTeamScope team(x.size(0));
-  const torch::Tensor h = at::layer_norm(x, {config_.n_embd}, ln_f_w_, ln_f_b_, config_.layer_norm_epsilon);
+  const torch::Tensor h = layer_norm_rows(x, ln_f_w_, ln_f_b_, config_.layer_norm_epsilon);
   return head_.forward(h);
 }
 
