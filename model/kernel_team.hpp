@@ -10,8 +10,9 @@
 // for kSpinMicros: a hand-off is a store and a load across cores.
 //
 // Only small forward passes use it (KernelTeamScope): a pass of at most
-// kTeamMaxTokens tokens runs its kernels on the calling thread's team and
-// libtorch's own ops (LayerNorm, the embedding) on the calling thread alone,
+// kTeamMaxTokens tokens runs its kernels (LayerNorms included: layer_norm.hpp)
+// on the calling thread's team and libtorch's own ops (the embedding, the
+// index selects: a few rows) on the calling thread alone,
 // so that no libgomp region opens in it (with both pools in one pass, the
 // libgomp team woke beside a spinning KernelTeam: a 64-sequence decode step
 // was 2-4% slower). A larger pass is left to libgomp: its regions are long,
