@@ -117,7 +117,7 @@ torch::Tensor Gpt2::embed(const torch::Tensor& ids, const torch::Tensor& positio
 
 torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
                                const torch::Tensor& keep_rows) const {
-  const int64_t E = config_.n_embd, H = config_.n_head, D = config_.head_dim();
+  const int64_t H = config_.n_head, D = config_.head_dim();
   const double eps = config_.layer_norm_epsilon;
   const KernelTeamScope team(x.size(0));  // a small pass: no libgomp region (kernel_team.hpp)
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -125,8 +125,8 @@ torch::Tensor Gpt2::run_blocks(torch::Tensor x, const AttendFn& attend,
     const int64_t T = x.size(0);
     const torch::Tensor h = layer_norm_rows(x, L.ln1_w, L.ln1_b, eps);
     const torch::Tensor qkv = L.attn.forward(h, L.attn_b);  // [T, 3E]
-    torch::Tensor a = attend(static_cast<int>(i), qkv.narrow(1, 0, E).view({T, H, D}),
-                             qkv.narrow(1, E, E).view({T, H, D}), qkv.narrow(1, 2 * E, E).view({T, H, D}));
+    const torch::Tensor qkv3 = qkv.view({T, 3, H, D});      // q, k, v: [T, H, D] views
+    torch::Tensor a = attend(static_cast<int>(i), qkv3.select(1, 0), qkv3.select(1, 1), qkv3.select(1, 2));
     if (keep_rows.defined() && i + 1 == layers_.size()) {
       a = a.index_select(0, keep_rows);
       x = x.index_select(0, keep_rows);

@@ -66,7 +66,12 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
     throw std::invalid_argument("paged_attention_cpu: the pools must be contiguous");
 
   const torch::Tensor q = in.q.stride(2) == 1 ? in.q : in.q.contiguous();
-  const torch::Tensor bt = in.block_tables.to(torch::kCPU, torch::kInt).contiguous();
+  // The engine's tables are int32 CPU already (Gpt2::forward_step): no op then.
+  const torch::Tensor& tables = in.block_tables;
+  const torch::Tensor bt =
+      tables.device().is_cpu() && tables.scalar_type() == torch::kInt && tables.is_contiguous()
+          ? tables
+          : tables.to(torch::kCPU, torch::kInt).contiguous();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), bs = in.k_pool.size(2);
   const float scale = static_cast<float>(in.scale > 0.0 ? in.scale : 1.0 / std::sqrt(static_cast<double>(D)));
   torch::Tensor out = at::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
@@ -89,7 +94,8 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
       for (int64_t h = 0; h < H; ++h) items.push_back({s, h, t, te, (te - t) * (last_pos + 1)});
     }
   }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  // Longest first; items write disjoint outputs, so their order changes no bits.
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
 
   const float* qp = q.data_ptr<float>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
@@ -130,8 +136,11 @@ torch::Tensor paged_attention_cpu(const PagedAttentionInput& in) {
   // prefill tile next to a short decode), so threads pull the next item.
   std::atomic<int64_t> next{0};
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(kernel_threads(), n_items));
+  const size_t scratch = static_cast<size_t>(attention_scratch_floats(D, bs, H));
   kernel_parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    std::vector<float> buf(static_cast<size_t>(attention_scratch_floats(D, bs, H)));
+    // Per thread, kept between calls (the kernels set what they read of it).
+    thread_local std::vector<float> buf;
+    if (buf.size() < scratch) buf.resize(scratch);
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) process(items[i], buf.data());
   });
   return out;
