@@ -113,8 +113,8 @@ void round_rows(const float* x, int64_t M, int64_t K, uint32_t* xb) {
 // `ncols` columns of C are touched; `lines` cache lines from `pf` are
 // prefetched, spread over the kp steps: into L2 where row tiles share the
 // chunk, into L1 for a tile of one row (which reads each line once: 48
-// batch-1 products streamed 4-13% faster so than into L2, Zen 5);
-// `gelu` on the last chunk.
+// batch-1 int8 products ran 5-13% faster so than into L2, bf16's -2% to +7%,
+// Zen 5); `gelu` on the last chunk.
 template <int MR>
 void tile(const uint32_t* a, int64_t lda, const uint16_t* b, int64_t kp, const float* bias, int64_t ncols,
           float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
@@ -288,11 +288,11 @@ constexpr TileQ8Fn kTilesQ8[kMr + 1] = {nullptr,          tile_q8<1, G>, tile_q8
 // that every kernel here shares (the fp32 kernel's, linear_avx512.cpp): per
 // panel, chunk by chunk, every row tile passes over the chunk while it sits
 // in L2, and the tiles prefetch the next chunk in equal shares, spread over
-// their passes. One row prefetches too, unlike the fp32 kernel's: with
-// 16- and 8-bit weights a batch-1 step's products ran 6-13% faster with
-// the prefetches than on the hardware prefetcher alone (int8 weights, Zen 5,
-// the whole step 4-17% faster, runs in random order; fp32's was 4-8% slower
-// with them, so linear_avx512.cpp keeps M >= 2).
+// their passes. One row prefetches too, unlike the fp32 kernel's: a batch-1
+// step's int8 products ran 12-16% faster with the prefetches than on the
+// hardware prefetcher alone, the whole step 4-17% (bf16: -1% to +12% and
+// -1% to +10%; Zen 5, runs in random order); fp32's step was 4-8% slower
+// with them, so linear_avx512.cpp keeps M >= 2.
 // tile(i, rows, chunk, r0, kp, col, ncols, last, pf, lines)
 // runs rows [i, i + rows) over pairs [r0, r0 + kp) of the panel at `chunk`.
 template <typename W, typename Tile>
