@@ -46,6 +46,7 @@
 #include "common/bench_util.hpp"
 #include "common/machine_limits.hpp"
 #include "common/step_batches.hpp"
+#include "core/serving_metrics.hpp"
 #include "model/config.hpp"
 #include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
@@ -259,15 +260,10 @@ int main(int argc, char** argv) {
     std::printf("%-18s | %-34s | %-14s | %-14s | %s\n", "variant", "step / floor: median (p25-p75)",
                 "step median", "floor median", "best step / best floor");
     for (size_t i = 0; i < vs.size(); ++i) {
-      std::vector<double> q = ratio[i];
-      std::sort(q.begin(), q.end());
-      const auto at = [&](double f) {
-        return q[static_cast<size_t>(f * static_cast<double>(q.size() - 1) + 0.5)];
-      };
       const Stats s = stats(step[i]), f = stats(floors[i]);
       std::printf("%-18s | %6.3fx (%5.3f-%5.3f)%12s | %8.3f ms    | %8.3f ms    | %.3f / %.3f = %.3fx\n",
-                  vs[i].name().c_str(), at(0.5), at(0.25), at(0.75), "", s.median, f.median, s.best, f.best,
-                  s.best / f.best);
+                  vs[i].name().c_str(), core::percentile(ratio[i], 50), core::percentile(ratio[i], 25),
+                  core::percentile(ratio[i], 75), "", s.median, f.median, s.best, f.best, s.best / f.best);
     }
     return 0;
   }
