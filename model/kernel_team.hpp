@@ -16,11 +16,12 @@
 // so that no libgomp region opens in it (with both pools in one pass, the
 // libgomp team woke beside a spinning KernelTeam: a 64-sequence decode step
 // was 2-4% slower). A larger pass is left to libgomp: its regions are long,
-// and one thread's LayerNorms over its rows cost what the team saves (a
-// 64-token pass on the team measured 0.98-1.03x of libgomp's, a 32-token one
-// 1.00-1.06x, and a server at 32 concurrent 1.07-1.26x of the same server
-// with the limit at 16; bench_limits --teams, docs/benchmarks.md "Kernel
-// teams").
+// and when the limit was chosen one thread's LayerNorms over its rows cost
+// what the team saved (a 64-token pass on the team measured 0.98-1.03x of
+// libgomp's, a 32-token one 1.00-1.06x, and a server at 32 concurrent
+// 1.07-1.26x of the same server with the limit at 16; bench_limits --teams,
+// docs/benchmarks.md "Kernel teams"). The LayerNorms have run on the team
+// since (layer_norm_rows); the limit has not been measured again.
 //
 // kernel_parallel_for(begin, end, grain, f) is at::parallel_for's contract:
 // f(b, e) on contiguous chunks that cover [begin, end) once, at most as many
