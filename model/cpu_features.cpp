@@ -147,6 +147,28 @@ ScopedKernelIsa::ScopedKernelIsa(CpuIsa isa) : saved_(kernel_isa()) { set_kernel
 
 ScopedKernelIsa::~ScopedKernelIsa() { set_kernel_isa(saved_); }
 
+const char* to_string(CacheLevel level) { return level == CacheLevel::kL1 ? "L1" : "L2"; }
+
+CacheLevel choose_one_row_prefetch(const char* env, bool amd) {
+  if (!env || !*env) return amd ? CacheLevel::kL1 : CacheLevel::kL2;
+  const std::string v = env;
+  if (v == "l1" || v == "L1") return CacheLevel::kL1;
+  if (v == "l2" || v == "L2") return CacheLevel::kL2;
+  throw std::runtime_error("TROUPE_ONE_ROW_PREFETCH: '" + v + "' is not a cache level; choose l1 or l2");
+}
+
+CacheLevel one_row_prefetch() {
+  static const CacheLevel level = [] {
+    const bool amd = __builtin_cpu_is("amd");
+    try {
+      return choose_one_row_prefetch(std::getenv("TROUPE_ONE_ROW_PREFETCH"), amd);
+    } catch (const std::runtime_error&) {
+      return choose_one_row_prefetch(nullptr, amd);
+    }
+  }();
+  return level;
+}
+
 std::string kernel_summary() {
   std::string s = "cpu: " + cpu_model_name() + " | kernels: ";
   try {
@@ -157,6 +179,7 @@ std::string kernel_summary() {
   } catch (const std::exception& e) {
     s += std::string("none (") + e.what() + ")";
   }
+  s += std::string(" | one-row prefetch into ") + to_string(one_row_prefetch());
   s += " | supported:";
   for (CpuIsa isa : all_isas())
     if (cpu_supports(isa)) s += std::string(" ") + to_string(isa);

@@ -82,6 +82,27 @@ class ScopedKernelIsa {
   CpuIsa saved_;
 };
 
+// Where a product of one row (a batch-1 step) prefetches the next chunk of
+// its weights, in the kernels that prefetch for one row (the avx512bf16
+// variant's bfloat16 and int8 products; fp32 leaves one row to the hardware
+// prefetcher). One row reads each line once, and how many prefetches a core
+// keeps in flight into each level differs by vendor: measured by
+// `bench_limits --floor` on both machines of the team, into L1 on AMD (Zen 5:
+// batch-1 int8 products 5-13% faster, bf16 8-9%, than into L2), into L2
+// on Intel (Xeon Emerald Rapids: the bf16 step 1.43x -> 1.21x its floor,
+// int8 1.33-1.44x -> 1.09-1.31x, than into L1). The environment variable
+// TROUPE_ONE_ROW_PREFETCH (l1 | l2) overrides the choice, to measure it.
+enum class CacheLevel : int { kL1 = 1, kL2 = 2 };
+const char* to_string(CacheLevel level);  // "L1" | "L2"
+// The level for TROUPE_ONE_ROW_PREFETCH = `env_value` (null or empty: unset)
+// on a CPU that is (`amd`) or is not AMD's. Throws std::runtime_error naming
+// the variable for anything but l1 or l2.
+CacheLevel choose_one_row_prefetch(const char* env_value, bool amd);
+// This process's level: choose_one_row_prefetch(getenv(...), this CPU),
+// decided on first use; never throws (a bad value gives the CPU's default:
+// troupe's commands refuse it at start, as they refuse a bad TROUPE_CPU).
+CacheLevel one_row_prefetch();
+
 // One line for --version, logs and bench headers, e.g.
 // "cpu: AMD EPYC 9B45 | kernels: avx512 (linear 6x64, attention, sampler) | supported: portable avx2 avx512".
 std::string kernel_summary();

@@ -45,6 +45,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "model/cpu_features.hpp"
 #include "model/linear_kernel.hpp"
 
 namespace troupe::model::avx512bf16 {
@@ -57,6 +58,14 @@ constexpr int64_t kKc2 = 192;  // pairs of K rows per chunk (384 rows, as the fp
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+// A line of the next chunk: into L1 for a tile of one row on a CPU where that
+// is faster (one_row_prefetch()), else into L2, where row tiles share it.
+inline void prefetch_line(const char* p, bool l1) {
+  if (l1)
+    _mm_prefetch(p, _MM_HINT_T0);
+  else
+    _mm_prefetch(p, _MM_HINT_T1);
+}
 
 #include "model/vector_lanes.inc"
 
@@ -112,9 +121,10 @@ void round_rows(const float* x, int64_t M, int64_t K, uint32_t* xb) {
 // pairs [MR, kp] (row stride lda pairs), the chunk [kp, 64, 2]. Only the first
 // `ncols` columns of C are touched; `lines` cache lines from `pf` are
 // prefetched, spread over the kp steps: into L2 where row tiles share the
-// chunk, into L1 for a tile of one row (which reads each line once: 48
-// batch-1 int8 products ran 5-13% faster so than into L2, bf16's -2% to +7%,
-// Zen 5); `gelu` on the last chunk.
+// chunk; for a tile of one row (which reads each line once) into the level
+// one_row_prefetch() gives this CPU (L1 on AMD: on Zen 5 48 batch-1 int8
+// products ran 5-13% faster so than into L2, bf16's -2% to +7%; L2 on
+// Intel: cpu_features.hpp); `gelu` on the last chunk.
 template <int MR>
 void tile(const uint32_t* a, int64_t lda, const uint16_t* b, int64_t kp, const float* bias, int64_t ncols,
           float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
@@ -128,10 +138,10 @@ void tile(const uint32_t* a, int64_t lda, const uint16_t* b, int64_t kp, const f
     for (int v = 0; v < kNv; ++v)
       acc[i][v] = load_c ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
   int64_t due = 0;  // lines owed so far, times kp
+  const bool l1 = MR == 1 && pf && one_row_prefetch() == CacheLevel::kL1;
   for (int64_t r = 0; r < kp; ++r) {
     if (pf) {
-      for (due += lines; due >= kp; due -= kp, pf += 64)
-        _mm_prefetch(pf, MR == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      for (due += lines; due >= kp; due -= kp, pf += 64) prefetch_line(pf, l1);
     }
     const uint16_t* br = b + r * kNr * 2;
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(br)),
@@ -235,6 +245,7 @@ void tile_q8(const uint32_t* a, int64_t lda, const float* sx, const int8_t* b, i
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) sum[i][v] = _mm512_setzero_ps();
   int64_t due = 0;  // lines owed so far, times kp
+  const bool l1 = MR == 1 && pf && one_row_prefetch() == CacheLevel::kL1;
   const int64_t step = G ? kGroupPairs : kp;
   for (int64_t g0 = 0; g0 < kp; g0 += step) {
 #pragma GCC unroll 8
@@ -244,8 +255,7 @@ void tile_q8(const uint32_t* a, int64_t lda, const float* sx, const int8_t* b, i
     const int64_t g1 = min64(g0 + step, kp);
     for (int64_t r = g0; r < g1; ++r) {
       if (pf) {
-        for (due += lines; due >= kp; due -= kp, pf += 64)
-          _mm_prefetch(pf, MR == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
+        for (due += lines; due >= kp; due -= kp, pf += 64) prefetch_line(pf, l1);
       }
       dot_pair_row<MR>(acc, a, lda, b + r * kNr * 2, r);
     }

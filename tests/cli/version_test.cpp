@@ -42,6 +42,15 @@ TEST(Version, UnknownTroupeCpuIsAnErrorBeforeAnyWork) {
   EXPECT_TRUE(contains(r.output, "avx9000")) << r.output;
 }
 
+TEST(Version, NamesTheOneRowPrefetchAndRefusesABadOneBeforeAnyWork) {
+  const auto r = run_command(troupe("TROUPE_ONE_ROW_PREFETCH=l1", "--version"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "one-row prefetch into L1")) << r.output;
+  const auto bad = run_command(troupe("TROUPE_ONE_ROW_PREFETCH=l7", "tokenize --model /nonexistent hi"));
+  EXPECT_NE(bad.status, 0) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "TROUPE_ONE_ROW_PREFETCH: 'l7'")) << bad.output;
+}
+
 TEST(Version, TroupeCpuAboveTheCpuIsAnError) {
   const troupe::model::CpuIsa top = troupe::model::all_isas().back();
   if (troupe::model::best_isa() == top) GTEST_SKIP() << "this CPU runs every variant: no TROUPE_CPU to refuse";

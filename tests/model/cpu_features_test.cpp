@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -79,6 +80,36 @@ TEST(CpuFeatures, SetKernelIsaRefusesWhatTheCpuCannotRunAndChangesNothing) {
   const CpuIsa before = kernel_isa();
   EXPECT_THROW(set_kernel_isa(top), std::invalid_argument);
   EXPECT_EQ(kernel_isa(), before);
+}
+
+TEST(CpuFeatures, OneRowPrefetchIsL1OnAmdL2ElsewhereUnlessTheEnvironmentSays) {
+  EXPECT_EQ(choose_one_row_prefetch(nullptr, true), CacheLevel::kL1);
+  EXPECT_EQ(choose_one_row_prefetch("", true), CacheLevel::kL1);
+  EXPECT_EQ(choose_one_row_prefetch(nullptr, false), CacheLevel::kL2);
+  EXPECT_EQ(choose_one_row_prefetch("l2", true), CacheLevel::kL2);
+  EXPECT_EQ(choose_one_row_prefetch("L1", false), CacheLevel::kL1);
+  for (const char* bad : {"l3", "t0", " l1", "1"}) {
+    try {
+      choose_one_row_prefetch(bad, true);
+      FAIL() << bad << ": no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(contains(e.what(), "TROUPE_ONE_ROW_PREFETCH")) << e.what();
+      EXPECT_TRUE(contains(e.what(), bad)) << e.what();
+    }
+  }
+  // The process's own: this CPU's default unless the variable chose one, and
+  // the same on every call; --version and bench headers name it.
+  const char* env = std::getenv("TROUPE_ONE_ROW_PREFETCH");
+  const bool amd = __builtin_cpu_is("amd");
+  CacheLevel want = choose_one_row_prefetch(nullptr, amd);
+  try {
+    want = choose_one_row_prefetch(env, amd);
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(one_row_prefetch(), want);
+  EXPECT_EQ(one_row_prefetch(), want);
+  EXPECT_TRUE(contains(kernel_summary(), std::string("one-row prefetch into ") + to_string(want)))
+      << kernel_summary();
 }
 
 }  // namespace
