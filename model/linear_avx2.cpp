@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "model/cpu_features.hpp"
 #include "model/linear_kernel.hpp"
 
 namespace troupe::model::avx2 {
@@ -83,7 +84,8 @@ inline __m256 weights(const W* b, const float* scale, int64_t k, int v) {
 
 template <int MR, int KS, typename W, bool G>
 void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
-          int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
+          int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool pf_l1,
+          bool gelu) {
   constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
@@ -106,7 +108,12 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
   int64_t due = 0;  // lines owed so far, times steps
   for (; k + KS <= kc; k += KS) {
     if (pf) {
-      for (due += lines; due >= steps; due -= steps, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+      for (due += lines; due >= steps; due -= steps, pf += 64) {
+        if (pf_l1)
+          _mm_prefetch(pf, _MM_HINT_T0);
+        else
+          _mm_prefetch(pf, _MM_HINT_T1);
+      }
     }
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) {
@@ -175,7 +182,7 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
 
 template <typename W>
 using TileFn = void (*)(const float*, int64_t, const W*, const float*, int64_t, const float*, int64_t, float*,
-                        int64_t, bool, const char*, int64_t, bool);
+                        int64_t, bool, const char*, int64_t, bool, bool);
 template <typename W, bool G = false>
 constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W, G>, tile<2, 2, W, G>, tile<3, 1, W, G>,
                                        tile<4, 1, W, G>, tile<5, 1, W, G>, tile<6, 1, W, G>};
@@ -194,11 +201,26 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
   };
   if (M <= kMr) {
     // One tile: no weight is reused, so no chunking either; each panel is
-    // one contiguous stream, which the hardware prefetcher serves alone.
+    // one contiguous stream, and the tile prefetches the next panel (the
+    // next K x 16 weights in memory) spread over its pass, into the level
+    // one_row_prefetch() gives this CPU. The hardware prefetcher alone kept
+    // too few lines in flight under the widening of bfloat16 and int8
+    // (Xeon Emerald Rapids, batch-1 step against its floor: bf16 1.83-1.88x
+    // -> 1.23-1.24x, int8 2.39-2.45x -> 1.35-1.53x, int8_g32 2.39-2.44x ->
+    // 1.56-1.61x); fp32's step went 1.26-1.29x -> 1.12x there too, but the
+    // avx512 fp32 kernel ran one row slower with a prefetch on Zen 5, and
+    // this one has not been measured on AMD: fp32 prefetches only where the
+    // level is L2 (Intel's), and leaves L1's CPUs to the hardware prefetcher.
+    const CacheLevel level = one_row_prefetch();
+    const bool prefetch = !std::is_same_v<W, float> || level == CacheLevel::kL2;
+    const int64_t lines = prefetch ? (K * kNr * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;
+      const char* next =
+          prefetch && p + 1 < p1 ? reinterpret_cast<const char*>(w + (p + 1) * K * kNr) : nullptr;
       kTiles<W, G>[M](x, K, w + p * K * kNr, tile_scale(p, 0), K, bias ? bias + col : nullptr,
-                      min64(kNr, N - col), c + col, ldc, accumulate, nullptr, 0, gelu);
+                      min64(kNr, N - col), c + col, ldc, accumulate, next, next ? lines : 0,
+                      level == CacheLevel::kL1, gelu);
     }
     return;
   }
@@ -233,7 +255,7 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
           const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
           kTiles<W, G>[rows](x + (m0 + i) * K + k0, K, chunk, tile_scale(p, k0), kc,
                              last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
-                             accumulate || k0 > 0, pf, lines, last && gelu);
+                             accumulate || k0 > 0, pf, lines, false, last && gelu);
         }
       }
     }
