@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "model/cpu_features.hpp"
 #include "model/linear_kernel.hpp"
 
 namespace troupe::model::avx512 {
@@ -45,9 +46,10 @@ inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 // kc of its rows: C = A @ chunk (+ C when load_c) (+ bias when bias), with
 // A [MR, kc] (row stride lda) and the chunk [kc, 64]. Only the first `ncols`
 // columns of C are read or written (the last panel's tail). The tile also
-// prefetches `lines` consecutive cache lines from `pf` into L2 (none when pf
-// is null), spread evenly over its kc steps: its share of the next chunk, so
-// the memory stream runs while the tiles compute, at an even pace.
+// prefetches `lines` consecutive cache lines from `pf` (none when pf is
+// null) into L2, a tile of one row into one_row_prefetch()'s level, spread
+// evenly over its kc steps: its share of the next chunk, so the memory stream
+// runs while the tiles compute, at an even pace.
 // `gelu`: the stored values go through gelu_tanh (on the last chunk).
 // int8 weights (W = int8_t): the accumulators start at 0 and hold this
 // chunk's sums of a * q; the epilogue multiplies them by `scale` (the 64
@@ -90,9 +92,15 @@ void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t k
     for (int v = 0; v < kNv; ++v)
       acc[i][v] = load_c && !kScaled ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
   int64_t due = 0;  // lines owed so far, times kc
+  const bool l1 = MR == 1 && pf && one_row_prefetch() == CacheLevel::kL1;
   for (int64_t k = 0; k < kc; ++k) {
     if (pf) {
-      for (due += lines; due >= kc; due -= kc, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+      for (due += lines; due >= kc; due -= kc, pf += 64) {
+        if (l1)
+          _mm_prefetch(pf, _MM_HINT_T0);
+        else
+          _mm_prefetch(pf, _MM_HINT_T1);
+      }
     }
     const W* bk = b + k * kNr;
     const float* gs = G ? scale + k / kPackedGroupRows * kNr : nullptr;
@@ -146,9 +154,15 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
   const int64_t groups = (K + kPackedGroupRows - 1) / kPackedGroupRows;
   constexpr int64_t kLinesPerRow = kNr * static_cast<int64_t>(sizeof(W)) / 64;  // 4 fp32, 2 bfloat16, 1 int8
   const int64_t tiles = (M + kMr - 1) / kMr;
-  // One row alone is a plain stream, which the hardware prefetcher serves
-  // better without help (measured).
-  const bool prefetch = M >= 2;
+  // One row of fp32 weights is a plain stream, which the hardware prefetcher
+  // serves better without help (measured: Zen 5 4-8%, Xeon 3-4% slower with
+  // it). Widened bfloat16 and int8 weights cost more instructions per line,
+  // and the hardware alone kept too few lines in flight: one row prefetches
+  // into one_row_prefetch()'s level (Xeon Emerald Rapids, batch-1 step
+  // against its floor: bf16 1.63-1.69x -> 1.19-1.24x into L2, 1.53-1.56x into
+  // L1; int8 2.11-2.22x -> 1.28-1.54x; not measured on AMD, whose level is L1
+  // as for the avx512bf16 kernel's one row).
+  const bool prefetch = M >= 2 || !std::is_same_v<W, float>;
   for (int64_t p = p0; p < p1; ++p) {
     const W* panel = w + p * K * kNr;
     const int64_t col = p * kNr, ncols = min64(kNr, N - col);
