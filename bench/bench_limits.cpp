@@ -74,7 +74,9 @@ struct Variant {
   std::unique_ptr<PagedKvCache> cache1, cache_p, cache64;
   double peak = 0;                                 // GFLOP/s: of the instruction its matrices run on
   // bfloat16 weights on avx512bf16 run on vdpbf16ps: their peak is that one's.
-  bool bf16_dot() const { return isa == CpuIsa::kAvx512Bf16 && dtype == WeightDtype::kBFloat16; }
+  bool bf16_dot() const {
+    return isa == CpuIsa::kAvx512Bf16 && dtype == WeightDtype::kBFloat16 && troupe::model::bf16_dot();
+  }
   std::vector<double> decode1, prefill, decode64;  // ms per round
   std::string name() const {
     const char* w = dtype == WeightDtype::kBFloat16 ? "bf16" : dtype == WeightDtype::kFloat32 ? "fp32" : to_string(dtype);

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
     try {
       troupe::model::configure_threads(threads);
       troupe::model::kernel_isa();  // a bad TROUPE_CPU fails here, before any work
-      troupe::model::choose_one_row_prefetch(std::getenv("TROUPE_ONE_ROW_PREFETCH"), false);  // and this
+      troupe::model::choose_one_row_prefetch(std::getenv("TROUPE_ONE_ROW_PREFETCH"), false);  // and these
+      troupe::model::choose_bf16_dot(std::getenv("TROUPE_BF16_DOT"), false);
       return cmd.run();
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());

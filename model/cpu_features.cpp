@@ -50,7 +50,11 @@ const char* kernels_of(CpuIsa isa) {
     case CpuIsa::kAvx512:
       return "linear packed 6x64 zmm, attention and sampler for AVX-512";
     case CpuIsa::kAvx512Bf16:
-      return "linear packed 6x64 zmm, vdpbf16ps for bfloat16 and vpdpwssd for int8 weights, attention and sampler for AVX-512";
+      return bf16_dot()
+                 ? "linear packed 6x64 zmm, vdpbf16ps for bfloat16 and vpdpwssd for int8 weights, attention "
+                   "and sampler for AVX-512"
+                 : "linear packed 6x64 zmm, bfloat16 weights widened to fp32 (vdpbf16ps is slow here) and "
+                   "vpdpwssd for int8 weights, attention and sampler for AVX-512";
   }
   return "?";
 }
@@ -168,6 +172,39 @@ CacheLevel one_row_prefetch() {
   }();
   return level;
 }
+
+bool choose_bf16_dot(const char* env, bool amd) {
+  if (!env || !*env) return amd;
+  const std::string v = env;
+  if (v == "1") return true;
+  if (v == "0") return false;
+  throw std::runtime_error("TROUPE_BF16_DOT: '" + v +
+                           "' is neither 1 (bfloat16 weights on vdpbf16ps) nor 0 (widened to fp32)");
+}
+
+namespace {
+std::atomic<int> g_bf16_dot{kUnset};
+}  // namespace
+
+bool bf16_dot() {
+  int v = g_bf16_dot.load(std::memory_order_acquire);
+  if (v != kUnset) return v != 0;
+  const bool amd = __builtin_cpu_is("amd");
+  bool on = amd;
+  try {
+    on = choose_bf16_dot(std::getenv("TROUPE_BF16_DOT"), amd);
+  } catch (const std::runtime_error&) {
+  }
+  int expected = kUnset;
+  g_bf16_dot.compare_exchange_strong(expected, on ? 1 : 0, std::memory_order_acq_rel);
+  return g_bf16_dot.load(std::memory_order_acquire) != 0;
+}
+
+void set_bf16_dot(bool on) { g_bf16_dot.store(on ? 1 : 0, std::memory_order_release); }
+
+ScopedBf16Dot::ScopedBf16Dot(bool on) : saved_(bf16_dot()) { set_bf16_dot(on); }
+
+ScopedBf16Dot::~ScopedBf16Dot() { set_bf16_dot(saved_); }
 
 std::string kernel_summary() {
   std::string s = "cpu: " + cpu_model_name() + " | kernels: ";

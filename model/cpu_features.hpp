@@ -103,6 +103,39 @@ CacheLevel choose_one_row_prefetch(const char* env_value, bool amd);
 // troupe's commands refuse it at start, as they refuse a bad TROUPE_CPU).
 CacheLevel one_row_prefetch();
 
+// Whether the avx512bf16 variant runs bfloat16 weights on vdpbf16ps (the
+// matrices' inputs rounded to bfloat16 too: llama.cpp BF16's arithmetic) or
+// widens them to fp32 in registers as the avx512 variant does (int8 stays on
+// vpdpwssd either way). vdpbf16ps does two multiply-adds a lane, and on AMD
+// (Zen 4/5) it issues as often as an FMA: a bfloat16 prefill ran 1.5x, a
+// 64-sequence decode step 1.6-1.7x faster than fp32's on Zen 5. On Intel
+// (Xeon Emerald Rapids) it issues at a quarter of the FMA's rate (0.73-0.88
+// ns against 0.185 ns an instruction): the same steps ran 0.58x and 0.67x of
+// fp32's, against 0.77x and 0.89x widened. So: on AMD, not elsewhere.
+// TROUPE_BF16_DOT (1 | 0) overrides the choice, to measure it.
+// choose_bf16_dot: the choice for TROUPE_BF16_DOT = `env_value` (null or
+// empty: unset) on a CPU that is (`amd`) or is not AMD's; throws
+// std::runtime_error naming the variable for anything but 1 or 0.
+bool choose_bf16_dot(const char* env_value, bool amd);
+// This process's choice: choose_bf16_dot(getenv(...), this CPU) on first use
+// (a bad value gives the CPU's default; troupe's commands refuse it at
+// start), then whatever set_bf16_dot chose. A Linear keeps the arithmetic it
+// was packed for; a model's Linears are all packed under one choice, so a
+// sequence's tokens still do not depend on its batch.
+bool bf16_dot();
+void set_bf16_dot(bool on);  // thread-safe
+// Sets the choice for a scope and restores the previous one (tests, benches).
+class ScopedBf16Dot {
+ public:
+  explicit ScopedBf16Dot(bool on);
+  ~ScopedBf16Dot();
+  ScopedBf16Dot(const ScopedBf16Dot&) = delete;
+  ScopedBf16Dot& operator=(const ScopedBf16Dot&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // One line for --version, logs and bench headers, e.g.
 // "cpu: AMD EPYC 9B45 | kernels: avx512 (linear 6x64, attention, sampler) | supported: portable avx2 avx512".
 std::string kernel_summary();

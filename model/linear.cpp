@@ -214,7 +214,7 @@ static_assert(kInt8Group == kPackedGroupRows, "the kernels' groups are the quant
 const PackedGemmKernel* packed_gemm_kernel(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512Bf16:
-      return &avx512bf16::kPackedGemm;
+      return bf16_dot() ? &avx512bf16::kPackedGemm : &avx512bf16::kPackedGemmWidenedBf16;
     case CpuIsa::kAvx512:
       return &avx512::kPackedGemm;
     case CpuIsa::kAvx2:
@@ -270,21 +270,22 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
     case WeightDtype::kBFloat16: {
       // The bits of the bfloat16 rounding (to nearest, ties to even).
       const torch::Tensor bits = weight.to(torch::kBFloat16).contiguous();
-      weight_ = pack_panels(reinterpret_cast<const uint16_t*>(bits.data_ptr<at::BFloat16>()), in_out, P, K, N, nr,
-                            kernel_->pairs, torch::kBFloat16);
+      weight_ = pack_panels(reinterpret_cast<const uint16_t*>(bits.data_ptr<at::BFloat16>()), in_out, P, K, N,
+                            nr, kernel_->bf16_pairs, torch::kBFloat16);
       break;
     }
     case WeightDtype::kInt8: {
       const Int8Weight w = quantize_int8(weight.contiguous(), layout);
       const torch::Tensor q = w.q.contiguous();
-      weight_ = pack_panels(q.data_ptr<int8_t>(), in_out, P, K, N, nr, kernel_->pairs, torch::kChar);
+      weight_ = pack_panels(q.data_ptr<int8_t>(), in_out, P, K, N, nr, kernel_->int8_pairs, torch::kChar);
       scales_ = at::zeros({P * nr}, torch::kFloat32);
       scales_.narrow(0, 0, N).copy_(w.scale);
       break;
     }
     case WeightDtype::kInt8G32: {
       const Int8Weight w = quantize_int8_g32(weight, layout);  // q [K, N], scale [G, N]
-      weight_ = pack_panels(w.q.data_ptr<int8_t>(), /*in_out=*/true, P, K, N, nr, kernel_->pairs, torch::kChar);
+      weight_ = pack_panels(w.q.data_ptr<int8_t>(), /*in_out=*/true, P, K, N, nr, kernel_->int8_pairs,
+                            torch::kChar);
       // [G, N] -> [P, G, nr], zero past column N.
       const int64_t G = w.scale.size(0);
       const torch::Tensor padded = at::zeros({G, P * nr}, torch::kFloat32);
@@ -422,7 +423,7 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
   if (dtype_ == WeightDtype::kBFloat16) {
     const auto* wp = reinterpret_cast<const uint16_t*>(weight_.data_ptr<at::BFloat16>());
     // Weight (k, column n) of a panel of K rows, or of pairs of them.
-    const bool pairs = kernel_->pairs;
+    const bool pairs = kernel_->bf16_pairs;
     const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
       const uint16_t* src = wp + (ip[t] / nr) * Kp * nr;
@@ -439,7 +440,7 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
     // q * scale in fp32: quantize_int8_per_channel's values, bit for bit.
     const int8_t* wp = weight_.data_ptr<int8_t>();
     const float* sp = scales_.data_ptr<float>();
-    const bool pairs = kernel_->pairs;
+    const bool pairs = kernel_->int8_pairs;
     const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
       const int8_t* src = wp + (ip[t] / nr) * Kp * nr;
@@ -454,7 +455,7 @@ torch::Tensor Linear::embedding(const torch::Tensor& ids) const {
     const int8_t* wp = weight_.data_ptr<int8_t>();
     const float* sp = scales_.data_ptr<float>();
     const int64_t G = scales_.size(1);
-    const bool pairs = kernel_->pairs;
+    const bool pairs = kernel_->int8_pairs;
     const int64_t Kp = weight_.size(1);
     for (int64_t t = 0; t < T; ++t) {
       const int8_t* src = wp + (ip[t] / nr) * Kp * nr;

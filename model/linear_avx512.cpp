@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <new>
 #include <type_traits>
 
 #include "model/cpu_features.hpp"
@@ -139,6 +140,23 @@ template <typename W, bool G = false>
 constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,       tile<1, W, G>, tile<2, W, G>, tile<3, W, G>,
                                        tile<4, W, G>, tile<5, W, G>, tile<6, W, G>};
 
+// This thread's buffer for one chunk of bfloat16 weights widened to fp32
+// (kKc x 64 floats, 96 KiB; kept for the thread's life).
+float* widened_chunk() {
+  struct Buffer {
+    float* p = static_cast<float*>(::operator new[](sizeof(float) * kKc * kNr, std::align_val_t{64}));
+    ~Buffer() { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  thread_local Buffer b;
+  return b.p;
+}
+
+// A chunk of kc panel rows of bfloat16 [kc, 64] as fp32 (exact: the bits
+// shifted into an fp32's upper half).
+void widen_chunk(const uint16_t* src, int64_t kc, float* dst) {
+  for (int64_t e = 0; e < kc * kNr; e += 16) _mm512_storeu_ps(dst + e, load_w(src + e));
+}
+
 // Per panel, chunk by chunk of kKc rows, every row tile passes over the chunk
 // while it sits in L2; the tiles share out the prefetch of the next chunk
 // (this panel's or the next panel's first) in equal parts, each spread over
@@ -163,6 +181,15 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
   // L1; int8 2.11-2.22x -> 1.28-1.54x; not measured on AMD, whose level is L1
   // as for the avx512bf16 kernel's one row).
   const bool prefetch = M >= 2 || !std::is_same_v<W, float>;
+  // bfloat16 weights for two row tiles or more: each chunk widened once into
+  // fp32 (exact) in a buffer that stays in L2, then fp32's tiles over it: the
+  // same FMAs on the same values in the same order (the same bits as widening
+  // in registers), without a widening per tile. On a CPU whose FMA ports also
+  // widen (Xeon Emerald Rapids) that was a quarter of a tile's instructions.
+  [[maybe_unused]] float* widened = nullptr;
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    if (tiles >= 2) widened = widened_chunk();
+  }
   for (int64_t p = p0; p < p1; ++p) {
     const W* panel = w + p * K * kNr;
     const int64_t col = p * kNr, ncols = min64(kNr, N - col);
@@ -173,10 +200,21 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
       const int64_t next_rows = !last ? min64(kKc, K - k0 - kc) : min64(kKc, K);
       // The next chunk in cache lines, an equal share per tile.
       const int64_t next_lines = next ? next_rows * kLinesPerRow : 0, share = (next_lines + tiles - 1) / tiles;
+      if constexpr (std::is_same_v<W, uint16_t>) {
+        if (widened) widen_chunk(panel + k0 * kNr, kc, widened);
+      }
       for (int64_t i = 0, t = 0; i < M; i += kMr, ++t) {
         const int64_t first = t * share, lines = prefetch ? min64(share, next_lines - first) : 0;
         const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
         const int64_t rows = min64(kMr, M - i);
+        if constexpr (std::is_same_v<W, uint16_t>) {
+          if (widened) {
+            kTiles<float, false>[rows](x + i * K + k0, K, widened, nullptr, kc,
+                                       last && bias ? bias + col : nullptr, ncols, c + i * ldc + col, ldc,
+                                       accumulate || k0 > 0, pf, lines, last && gelu);
+            continue;
+          }
+        }
         const float* s = !scale ? nullptr
                          : G    ? scale + (p * groups + k0 / kPackedGroupRows) * kNr
                                 : scale + col;
@@ -204,7 +242,12 @@ namespace troupe::model::avx512bf16 {
 
 // The fp32 kernel above; bfloat16 and int8 weights on vdpbf16ps and vpdpwssd
 // (linear_avx512bf16.cpp).
-const PackedGemmKernel kPackedGemm = {avx512::kNr,    avx512::run_unscaled<float>, run_bf16_pairs,
-                                      run_int8_pairs, run_int8_g32_pairs,          /*pairs=*/true};
+const PackedGemmKernel kPackedGemm = {avx512::kNr,        avx512::run_unscaled<float>, run_bf16_pairs,
+                                      run_int8_pairs,     run_int8_g32_pairs,          /*bf16_pairs=*/true,
+                                      /*int8_pairs=*/true};
+const PackedGemmKernel kPackedGemmWidenedBf16 = {
+    avx512::kNr,          avx512::run_unscaled<float>, avx512::run_unscaled<uint16_t>,
+    run_int8_pairs,       run_int8_g32_pairs,
+    /*bf16_pairs=*/false, /*int8_pairs=*/true};
 
 }  // namespace troupe::model::avx512bf16

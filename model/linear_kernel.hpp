@@ -53,13 +53,15 @@ struct PackedGemmKernel {
   void (*run_int8_g32)(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w,
                        const float* group_scale, const float* bias, float* c, int64_t ldc, bool accumulate,
                        bool gelu, int64_t p0, int64_t p1);
-  // run_bf16's, run_int8's and run_int8_g32's panels hold pairs of K rows
-  // (avx512bf16: vdpbf16ps, vpdpwssd): panel p is [ceil(K / 2)][nr][2],
-  // element (r, j, h) = W[2r + h][p * nr + j], zero past K and past column N.
-  // And x is rounded first: to bfloat16 for run_bf16 (bf16(x) @ W with fp32
-  // sums), to int16 with a scale per row for the int8 ones (exact int32 sums
-  // of x_q * q, scaled once per chunk or group). False: [K, nr] like fp32's.
-  bool pairs = false;
+  // run_bf16's (bf16_pairs), run_int8's and run_int8_g32's (int8_pairs)
+  // panels hold pairs of K rows (avx512bf16: vdpbf16ps, vpdpwssd): panel p
+  // is [ceil(K / 2)][nr][2], element (r, j, h) = W[2r + h][p * nr + j], zero
+  // past K and past column N. And x is rounded first: to bfloat16 for
+  // run_bf16 (bf16(x) @ W with fp32 sums), to int16 with a scale per row for
+  // the int8 ones (exact int32 sums of x_q * q, scaled once per chunk or
+  // group). False: [K, nr] like fp32's, widened in registers.
+  bool bf16_pairs = false;
+  bool int8_pairs = false;
 };
 
 // The variant's kernel; nullptr for CpuIsa::kPortable (Linear uses BLAS).
@@ -73,9 +75,11 @@ extern const PackedGemmKernel kPackedGemm;
 }
 // AVX-512 with AVX512_BF16 and VNNI: avx512's fp32 kernel, and bfloat16 and
 // int8 weights on pairs (defined in linear_avx512.cpp, the pair kernels in
-// linear_avx512bf16.cpp).
+// linear_avx512bf16.cpp); kPackedGemmWidenedBf16: the same with avx512's
+// widening bfloat16 kernel, for CPUs where vdpbf16ps is slow (bf16_dot()).
 namespace avx512bf16 {
 extern const PackedGemmKernel kPackedGemm;
+extern const PackedGemmKernel kPackedGemmWidenedBf16;
 void run_bf16_pairs(const float* x, int64_t M, int64_t K, int64_t N, const uint16_t* w, const float* bias, float* c,
                     int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1);
 void run_int8_pairs(const float* x, int64_t M, int64_t K, int64_t N, const int8_t* w, const float* scale,

@@ -37,6 +37,7 @@ constexpr const char* kHostCpuVariables[] = {
     "ATEN_CPU_CAPABILITY",      // libtorch: its own kernels' ISA (default, avx2, avx512)
     "TROUPE_CPU",               // troupe: its kernels' variant (model/cpu_features.hpp)
     "TROUPE_ONE_ROW_PREFETCH",  // troupe: where one row's products prefetch (model/cpu_features.hpp)
+    "TROUPE_BF16_DOT",          // troupe: bfloat16 weights on vdpbf16ps or widened (model/cpu_features.hpp)
     "MKL_ENABLE_INSTRUCTIONS",  // MKL and oneDNN, should a libtorch built with them be used
     "MKL_DEBUG_CPU_TYPE",
     "DNNL_MAX_CPU_ISA",

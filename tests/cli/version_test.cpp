@@ -51,6 +51,19 @@ TEST(Version, NamesTheOneRowPrefetchAndRefusesABadOneBeforeAnyWork) {
   EXPECT_TRUE(contains(bad.output, "TROUPE_ONE_ROW_PREFETCH: 'l7'")) << bad.output;
 }
 
+TEST(Version, NamesTheBfloat16ArithmeticAndRefusesABadChoiceBeforeAnyWork) {
+  if (troupe::model::best_isa() == troupe::model::CpuIsa::kAvx512Bf16) {
+    const auto widened = run_command(troupe("TROUPE_BF16_DOT=0", "--version"));
+    ASSERT_EQ(widened.status, 0) << widened.output;
+    EXPECT_TRUE(contains(widened.output, "bfloat16 weights widened to fp32")) << widened.output;
+    const auto dot = run_command(troupe("TROUPE_BF16_DOT=1", "--version"));
+    EXPECT_TRUE(contains(dot.output, "vdpbf16ps for bfloat16")) << dot.output;
+  }
+  const auto bad = run_command(troupe("TROUPE_BF16_DOT=yes", "tokenize --model /nonexistent hi"));
+  EXPECT_NE(bad.status, 0) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "TROUPE_BF16_DOT: 'yes'")) << bad.output;
+}
+
 TEST(Version, TroupeCpuAboveTheCpuIsAnError) {
   const troupe::model::CpuIsa top = troupe::model::all_isas().back();
   if (troupe::model::best_isa() == top) GTEST_SKIP() << "this CPU runs every variant: no TROUPE_CPU to refuse";

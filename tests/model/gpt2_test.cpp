@@ -272,6 +272,7 @@ TEST(Gpt2Bfloat16, DotProductKernelsRoundTheInputs) {
     widened = Gpt2(cfg, w, torch::kCPU, WeightDtype::kBFloat16).forward_full(ids);
   }
   const ScopedKernelIsa dot(CpuIsa::kAvx512Bf16);
+  const ScopedBf16Dot on(true);  // the default on AMD only
   const Gpt2 bf16(cfg, w, torch::kCPU, WeightDtype::kBFloat16);
   const torch::Tensor a = bf16.forward_full(ids);
   EXPECT_FALSE(at::equal(a, widened));

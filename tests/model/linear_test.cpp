@@ -340,7 +340,9 @@ TEST_P(LinearVariant, EmbeddingReadsRowsOfTheOutInMatrix) {
 TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
   const CpuIsa isa = GetParam();
   TROUPE_SKIP_UNLESS_CPU_RUNS(isa);
-  if (isa == CpuIsa::kAvx512Bf16) GTEST_SKIP() << "avx512bf16 rounds x too: see Bfloat16DotProducts*";
+  // avx512bf16 with bf16_dot() rounds x too (Bfloat16DotProducts* below);
+  // without it, it widens as avx512 does: tested here on every CPU.
+  const ScopedBf16Dot widen(false);
   at::manual_seed(9);
   for (const Case& c : cases()) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
@@ -378,6 +380,7 @@ TEST_P(LinearVariant, Bfloat16WeightsComputeExactlyAsTheirRoundedFp32) {
 // padded to even; and not the widening kernel's function (x is rounded).
 TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
   TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  const ScopedBf16Dot on(true);  // the default on AMD only: bf16_dot()
   at::manual_seed(19);
   for (const Case& c : cases()) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
@@ -412,12 +415,54 @@ TEST(LinearBf16Dot, Bfloat16DotProductsRoundXAndDependOnlyOnTheirRow) {
                         round_to_bfloat16(wte).index_select(0, ids)));
 }
 
+// Whether avx512bf16 runs bfloat16 weights on vdpbf16ps is chosen per CPU
+// (on AMD, where it is fast), and a Linear keeps the arithmetic it was
+// packed for whatever the choice is later; int8 stays on vpdpwssd.
+TEST(LinearBf16Dot, TheChoiceIsTheCpusUnlessSetAndALinearKeepsItsOwn) {
+  EXPECT_TRUE(choose_bf16_dot(nullptr, true));
+  EXPECT_FALSE(choose_bf16_dot("", false));
+  EXPECT_TRUE(choose_bf16_dot("1", false));
+  EXPECT_FALSE(choose_bf16_dot("0", true));
+  for (const char* bad : {"yes", "2", " 1"}) {
+    try {
+      choose_bf16_dot(bad, true);
+      ADD_FAILURE() << bad << ": no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("TROUPE_BF16_DOT: '") + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  at::manual_seed(29);
+  const torch::Tensor w = at::randn({200, 130}), x = at::full({9, 200}, 1.0f + 1.0f / 1024);
+  const torch::Tensor widened =
+      Linear(w, WeightLayout::kInOut, CpuIsa::kAvx512, WeightDtype::kBFloat16).forward(x);
+  torch::Tensor y_dot, y_wide;
+  {
+    const ScopedBf16Dot on(true);
+    const Linear dot(w, WeightLayout::kInOut, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16);
+    const ScopedBf16Dot off(false);  // packed already: it keeps vdpbf16ps
+    y_dot = dot.forward(x);
+    EXPECT_EQ(dot.weight_bytes(), 192 * 200 * 2);
+    const Linear wide(w, WeightLayout::kInOut, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16);
+    y_wide = wide.forward(x);
+    EXPECT_TRUE(at::equal(y_wide, widened)) << "widened: the avx512 kernel's bits";
+    EXPECT_TRUE(at::equal(wide.forward(x.narrow(0, 4, 1)), widened.narrow(0, 4, 1)))
+        << "one row: the same bits";
+  }
+  EXPECT_GT((y_dot - y_wide).abs().max().item<float>(), 1e-3f)
+      << "x = 1 + 2^-10 is rounded on vdpbf16ps only";
+  const Linear now(w, WeightLayout::kInOut, CpuIsa::kAvx512Bf16, WeightDtype::kBFloat16);
+  EXPECT_TRUE(at::equal(now.forward(x), bf16_dot() ? y_dot : y_wide));
+}
+
 // The avx512bf16 kernels keep x in 16 bits in a scratch buffer per thread,
 // sized for the largest product the thread ran; release_kernel_scratch lets it
 // go at the thread's next product (StepExecutor does, in the step after a
 // large prefill), and the results are the same bits.
 TEST(LinearBf16Dot, ScratchOfALargeProductGoesAtTheNextProductAfterRelease) {
   TROUPE_SKIP_UNLESS_CPU_RUNS(CpuIsa::kAvx512Bf16);
+  const ScopedBf16Dot on(true);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);  // one thread, so the one scratch
   at::manual_seed(23);
