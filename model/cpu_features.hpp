@@ -32,9 +32,10 @@ enum class CpuIsa : int {
   // x86-64-v4 + AVX512_BF16 + AVX512_VNNI (Zen 4/5, Cooper Lake, Sapphire
   // Rapids and later): kAvx512's kernels, except that bfloat16 weights run
   // on vdpbf16ps (x rounded to bfloat16, two multiply-adds a lane per
-  // instruction) and int8 weights on vpdpwssd (x quantized to int16 per row,
-  // exact int32 sums); linear_avx512bf16.cpp. TROUPE_CPU=avx512 on such a
-  // CPU keeps both widened to fp32 instead.
+  // instruction) where that is fast (bf16_dot(): on AMD) and int8 weights on
+  // vpdpwssd (x quantized to int16 per row, exact int32 sums);
+  // linear_avx512bf16.cpp. TROUPE_CPU=avx512 on such a CPU keeps both
+  // widened to fp32 instead.
   kAvx512Bf16 = 3,
 };
 
@@ -110,8 +111,9 @@ CacheLevel one_row_prefetch();
 // (Zen 4/5) it issues as often as an FMA: a bfloat16 prefill ran 1.5x, a
 // 64-sequence decode step 1.6-1.7x faster than fp32's on Zen 5. On Intel
 // (Xeon Emerald Rapids) it issues at a quarter of the FMA's rate (0.73-0.88
-// ns against 0.185 ns an instruction): the same steps ran 0.58x and 0.67x of
-// fp32's, against 0.77x and 0.89x widened. So: on AMD, not elsewhere.
+// ns against 0.185 ns an instruction): the same steps ran 0.51-0.58x and
+// 0.67-0.68x of fp32's, against 0.79-0.82x and 0.97-1.02x widened (each chunk
+// widened once, linear_avx512.cpp). So: on AMD, not elsewhere.
 // TROUPE_BF16_DOT (1 | 0) overrides the choice, to measure it.
 // choose_bf16_dot: the choice for TROUPE_BF16_DOT = `env_value` (null or
 // empty: unset) on a CPU that is (`amd`) or is not AMD's; throws
