@@ -84,9 +84,10 @@ class ScopedKernelIsa {
 };
 
 // Where a product of one row (a batch-1 step) prefetches the next chunk of
-// its weights, in the kernels that prefetch for one row (the avx512bf16
-// variant's bfloat16 and int8 products; fp32 leaves one row to the hardware
-// prefetcher). One row reads each line once, and how many prefetches a core
+// its weights: in every variant for bfloat16 and int8 weights (the avx2
+// kernel for its one-tile products of up to 6 rows); fp32 leaves one row to
+// the hardware prefetcher, but for avx2's one tile where the level is L2
+// (linear_avx2.cpp). One row reads each line once, and how many prefetches a core
 // keeps in flight into each level differs by vendor: measured by
 // `bench_limits --floor` on both machines of the team, into L1 on AMD (Zen 5:
 // batch-1 int8 products 5-13% faster, bf16 8-9%, than into L2), into L2

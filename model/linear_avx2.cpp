@@ -53,8 +53,8 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // (load_c ? C : 0) + A [MR, kc] (row stride lda) @ chunk [kc, 16] (+ bias).
 // KS: accumulator sets, k split KS ways. The tile also prefetches `lines`
 // consecutive lines from pf into L2, or into L1 when pf_l1 (none when pf is
-// null), spread evenly over its kc / KS steps. `gelu`: the stored values go through gelu_tanh (on the
-// last chunk). int8 weights (W = int8_t): the accumulators start at 0 and
+// null), spread evenly over its kc / KS steps. `gelu`: the stored values go
+// through gelu_tanh (on the last chunk). int8 weights (W = int8_t): the accumulators start at 0 and
 // hold this chunk's sums of a * q; the epilogue multiplies them by `scale`
 // (the 16 columns' scales) and adds C (when load_c) in one fused
 // multiply-add, then the bias. Grouped int8 (G): `scale` is the chunk's
