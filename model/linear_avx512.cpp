@@ -79,10 +79,11 @@ inline __m512 weights(const W* row, const float* gs, int v) {
   return load_w(row + 16 * v);
 }
 
-template <int MR, typename W, bool G>
+// kScaled: int8's per-channel epilogue (also for an int8 chunk already
+// widened to fp32, W = float).
+template <int MR, typename W, bool G, bool kScaled = std::is_same_v<W, int8_t> && !G>
 void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
           int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool gelu) {
-  constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   __mmask16 mask[kNv];
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) mask[v] = static_cast<__mmask16>((1u << clamp64(ncols - 16 * v, 0, 16)) - 1u);
@@ -140,8 +141,18 @@ template <typename W, bool G = false>
 constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,       tile<1, W, G>, tile<2, W, G>, tile<3, W, G>,
                                        tile<4, W, G>, tile<5, W, G>, tile<6, W, G>};
 
-// This thread's buffer for one chunk of bfloat16 weights widened to fp32
-// (kKc x 64 floats, 96 KiB; kept for the thread's life).
+// fp32 weights with int8's per-channel epilogue: the tiles for an int8
+// chunk widened once.
+constexpr TileFn<float> kScaledTiles[kMr + 1] = {nullptr,
+                                                 tile<1, float, false, true>,
+                                                 tile<2, float, false, true>,
+                                                 tile<3, float, false, true>,
+                                                 tile<4, float, false, true>,
+                                                 tile<5, float, false, true>,
+                                                 tile<6, float, false, true>};
+
+// This thread's buffer for one chunk of bfloat16 or int8 weights widened to
+// fp32 (kKc x 64 floats, 96 KiB; kept for the thread's life).
 float* widened_chunk() {
   struct Buffer {
     float* p = static_cast<float*>(::operator new[](sizeof(float) * kKc * kNr, std::align_val_t{64}));
@@ -151,10 +162,17 @@ float* widened_chunk() {
   return b.p;
 }
 
-// A chunk of kc panel rows of bfloat16 [kc, 64] as fp32 (exact: the bits
-// shifted into an fp32's upper half).
-void widen_chunk(const uint16_t* src, int64_t kc, float* dst) {
-  for (int64_t e = 0; e < kc * kNr; e += 16) _mm512_storeu_ps(dst + e, load_w(src + e));
+// A chunk of kc panel rows [kc, 64] as fp32, each weight the value a tile
+// widens it to in registers (weights<G>): bfloat16's bits shifted into an
+// fp32's upper half, int8 converted (exact), with G times its group's scale
+// (the chunk's group scales at gs).
+template <typename W, bool G>
+void widen_chunk(const W* src, const float* gs, int64_t kc, float* dst) {
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* g = G ? gs + k / kPackedGroupRows * kNr : nullptr;
+#pragma GCC unroll 4
+    for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(dst + k * kNr + 16 * v, weights<G>(src + k * kNr, g, v));
+  }
 }
 
 // Per panel, chunk by chunk of kKc rows, every row tile passes over the chunk
@@ -181,13 +199,14 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
   // L1; int8 2.11-2.22x -> 1.28-1.54x; not measured on AMD, whose level is L1
   // as for the avx512bf16 kernel's one row).
   const bool prefetch = M >= 2 || !std::is_same_v<W, float>;
-  // bfloat16 weights for two row tiles or more: each chunk widened once into
-  // fp32 (exact) in a buffer that stays in L2, then fp32's tiles over it: the
-  // same FMAs on the same values in the same order (the same bits as widening
-  // in registers), without a widening per tile. On a CPU whose FMA ports also
-  // widen (Xeon Emerald Rapids) that was a quarter of a tile's instructions.
+  // bfloat16 and int8 weights for two row tiles or more: each chunk widened
+  // once into fp32 in a buffer that stays in L2, then fp32's tiles over it
+  // (int8 per channel: with its epilogue): the same FMAs on the same values
+  // in the same order (the same bits as widening in registers), without a
+  // widening per tile. On a CPU whose FMA ports also widen (Xeon Emerald
+  // Rapids) that was a quarter of a tile's instructions or more.
   [[maybe_unused]] float* widened = nullptr;
-  if constexpr (std::is_same_v<W, uint16_t>) {
+  if constexpr (!std::is_same_v<W, float>) {
     if (tiles >= 2) widened = widened_chunk();
   }
   for (int64_t p = p0; p < p1; ++p) {
@@ -200,24 +219,25 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
       const int64_t next_rows = !last ? min64(kKc, K - k0 - kc) : min64(kKc, K);
       // The next chunk in cache lines, an equal share per tile.
       const int64_t next_lines = next ? next_rows * kLinesPerRow : 0, share = (next_lines + tiles - 1) / tiles;
-      if constexpr (std::is_same_v<W, uint16_t>) {
-        if (widened) widen_chunk(panel + k0 * kNr, kc, widened);
+      const float* s = !scale ? nullptr
+                       : G    ? scale + (p * groups + k0 / kPackedGroupRows) * kNr
+                              : scale + col;
+      constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;
+      if constexpr (!std::is_same_v<W, float>) {
+        if (widened) widen_chunk<W, G>(panel + k0 * kNr, s, kc, widened);
       }
       for (int64_t i = 0, t = 0; i < M; i += kMr, ++t) {
         const int64_t first = t * share, lines = prefetch ? min64(share, next_lines - first) : 0;
         const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
         const int64_t rows = min64(kMr, M - i);
-        if constexpr (std::is_same_v<W, uint16_t>) {
+        if constexpr (!std::is_same_v<W, float>) {
           if (widened) {
-            kTiles<float, false>[rows](x + i * K + k0, K, widened, nullptr, kc,
-                                       last && bias ? bias + col : nullptr, ncols, c + i * ldc + col, ldc,
-                                       accumulate || k0 > 0, pf, lines, last && gelu);
+            (kScaled ? kScaledTiles : kTiles<float, false>)[rows](
+                x + i * K + k0, K, widened, kScaled ? s : nullptr, kc, last && bias ? bias + col : nullptr,
+                ncols, c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
             continue;
           }
         }
-        const float* s = !scale ? nullptr
-                         : G    ? scale + (p * groups + k0 / kPackedGroupRows) * kNr
-                                : scale + col;
         kTiles<W, G>[rows](x + i * K + k0, K, panel + k0 * kNr, s, kc, last && bias ? bias + col : nullptr,
                            ncols, c + i * ldc + col, ldc, accumulate || k0 > 0, pf, lines, last && gelu);
       }
