@@ -82,11 +82,12 @@ inline __m256 weights(const W* b, const float* scale, int64_t k, int v) {
   return load_w(b + k * kNr + 8 * v);
 }
 
-template <int MR, int KS, typename W, bool G>
+// kScaled: int8's per-channel epilogue (also for an int8 chunk already
+// widened to fp32, W = float).
+template <int MR, int KS, typename W, bool G, bool kScaled = std::is_same_v<W, int8_t> && !G>
 void tile(const float* a, int64_t lda, const W* b, const float* scale, int64_t kc, const float* bias,
           int64_t ncols, float* c, int64_t ldc, bool load_c, const char* pf, int64_t lines, bool pf_l1,
           bool gelu) {
-  constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;  // per channel: scaled in the epilogue
   const bool full = ncols == kNr;
   const __m256i n = _mm256_set1_epi32(static_cast<int>(ncols));
   const __m256i m0 = _mm256_cmpgt_epi32(n, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -187,6 +188,32 @@ template <typename W, bool G = false>
 constexpr TileFn<W> kTiles[kMr + 1] = {nullptr,          tile<1, 4, W, G>, tile<2, 2, W, G>, tile<3, 1, W, G>,
                                        tile<4, 1, W, G>, tile<5, 1, W, G>, tile<6, 1, W, G>};
 constexpr int kSplit[kMr + 1] = {1, 4, 2, 1, 1, 1, 1};
+// fp32 weights with int8's per-channel epilogue: the tiles for an int8
+// chunk widened once.
+constexpr TileFn<float> kScaledTiles[kMr + 1] = {nullptr,
+                                                 tile<1, 4, float, false, true>,
+                                                 tile<2, 2, float, false, true>,
+                                                 tile<3, 1, float, false, true>,
+                                                 tile<4, 1, float, false, true>,
+                                                 tile<5, 1, float, false, true>,
+                                                 tile<6, 1, float, false, true>};
+
+// This thread's buffer for one chunk of bfloat16 or int8 weights widened to
+// fp32 (kKc x 16 floats, 16 KiB: it stays in L1; kept for the thread's life).
+float* widened_chunk() {
+  alignas(64) thread_local float buffer[kKc * kNr];
+  return buffer;
+}
+
+// A chunk of kc panel rows [kc, 16] as fp32, each weight the value a tile
+// widens it to in registers (weights<G>; `scale`: the chunk's group scales).
+template <typename W, bool G>
+void widen_chunk(const W* chunk, const float* scale, int64_t kc, float* dst) {
+  for (int64_t k = 0; k < kc; ++k) {
+    _mm256_storeu_ps(dst + k * kNr, weights<G>(chunk, scale, k, 0));
+    _mm256_storeu_ps(dst + k * kNr + 8, weights<G>(chunk, scale, k, 1));
+  }
+}
 
 // `scale`: int8's per-column scales [N], or with G int8_g32's group scales
 // [P, ceil(K / 32), 16] (else nullptr).
@@ -248,11 +275,33 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
         // spread over the tile's pass (see avx512's run()).
         const int64_t next_lines = (next_rows * kNr * static_cast<int64_t>(sizeof(W)) + 63) / 64;
         const int64_t share = (next_lines + tiles - 1) / tiles;
+        // bfloat16 and int8 for two row tiles or more: the chunk widened once
+        // (into L1), then fp32's tiles (int8 per channel: with its epilogue):
+        // the same FMAs on the same values in the same order, so the same
+        // bits as widening in every tile's registers (avx512's run()).
+        [[maybe_unused]] const float* widened = nullptr;
+        constexpr bool kScaled = std::is_same_v<W, int8_t> && !G;
+        if constexpr (!std::is_same_v<W, float>) {
+          if (tiles >= 2) {
+            float* buffer = widened_chunk();
+            widen_chunk<W, G>(chunk, tile_scale(p, k0), kc, buffer);
+            widened = buffer;
+          }
+        }
         for (int64_t i = 0, t = 0; i < mc; i += kMr, ++t) {
           const int64_t rows = min64(kMr, mc - i);
           const int64_t first = t * share,
                         lines = next && kc >= kSplit[rows] ? min64(share, next_lines - first) : 0;
           const char* pf = lines > 0 ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
+          if constexpr (!std::is_same_v<W, float>) {
+            if (widened) {
+              (kScaled ? kScaledTiles : kTiles<float, false>)[rows](
+                  x + (m0 + i) * K + k0, K, widened, kScaled ? tile_scale(p, k0) : nullptr, kc,
+                  last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
+                  accumulate || k0 > 0, pf, lines, false, last && gelu);
+              continue;
+            }
+          }
           kTiles<W, G>[rows](x + (m0 + i) * K + k0, K, chunk, tile_scale(p, k0), kc,
                              last && bias ? bias + col : nullptr, ncols, c + (m0 + i) * ldc + col, ldc,
                              accumulate || k0 > 0, pf, lines, false, last && gelu);
