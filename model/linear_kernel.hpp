@@ -32,7 +32,7 @@ struct PackedGemmKernel {
   void (*run)(const float* x, int64_t M, int64_t K, int64_t N, const float* w, const float* bias, float* c,
               int64_t ldc, bool accumulate, bool gelu, int64_t p0, int64_t p1);
   // The same with the weight packed as bfloat16 (each the upper 16 bits of
-  // an fp32): widened to fp32 in registers (avx512: once per chunk into a
+  // an fp32): widened to fp32 in registers (or once per chunk into a
   // buffer when several row tiles share it: the same values), so the FMAs,
   // their order and so the bits are run's on the widened weights; half the
   // bytes stream in.
