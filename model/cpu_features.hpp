@@ -109,9 +109,9 @@ CacheLevel one_row_prefetch();
 // matrices' inputs rounded to bfloat16 too: llama.cpp BF16's arithmetic) or
 // widens them to fp32 in registers as the avx512 variant does (int8 stays on
 // vpdpwssd either way). vdpbf16ps does two multiply-adds a lane, and on AMD
-// (Zen 4/5) it issues as often as an FMA: a bfloat16 prefill ran 1.5x, a
-// 64-sequence decode step 1.6-1.7x faster than fp32's on Zen 5. On Intel
-// (Xeon Emerald Rapids) it issues at a quarter of the FMA's rate (0.73-0.88
+// (measured on Zen 5; Zen 4 not measured) it issues as often as an FMA: a
+// bfloat16 prefill ran 1.5x, a 64-sequence decode step 1.6-1.7x faster than
+// fp32's. On Intel (measured on Xeon Emerald Rapids only) it issues at a quarter of the FMA's rate (0.73-0.88
 // ns against 0.185 ns an instruction): the same steps ran 0.51-0.58x and
 // 0.67-0.68x of fp32's, against 0.79-0.82x and 0.97-1.02x widened (each chunk
 // widened once, linear_avx512.cpp). So: on AMD, not elsewhere.
