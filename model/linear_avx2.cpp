@@ -231,15 +231,16 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
     // one contiguous stream, and the tile prefetches the next panel (the
     // next K x 16 weights in memory) spread over its pass, into the level
     // one_row_prefetch() gives this CPU. The hardware prefetcher alone kept
-    // too few lines in flight under the widening of bfloat16 and int8
-    // (Xeon Emerald Rapids, batch-1 step against its floor: bf16 1.83-1.88x
-    // -> 1.23-1.24x, int8 2.39-2.45x -> 1.35-1.53x, int8_g32 2.39-2.44x ->
-    // 1.56-1.61x); fp32's step went 1.26-1.29x -> 1.12x there too, but the
-    // avx512 fp32 kernel ran one row slower with a prefetch on Zen 5, and
-    // this one has not been measured on AMD: fp32 prefetches only where the
-    // level is L2 (Intel's), and leaves L1's CPUs to the hardware prefetcher.
+    // too few lines in flight under the widening of int8 everywhere (batch-1
+    // step: Xeon Emerald Rapids against its floor int8 2.39-2.45x ->
+    // 1.35-1.53x, int8_g32 2.39-2.44x -> 1.56-1.61x; Zen 5, off / on in one
+    // process, into L1: 1.03-1.05x, 0.96-1.01x), and on the Xeon under
+    // bfloat16's and fp32's too (bf16 1.83-1.88x -> 1.23-1.24x, fp32
+    // 1.26-1.29x -> 1.12x). On Zen 5 bfloat16 ran 5-15% slower with a prefetch
+    // into L1 and the same into L2: bfloat16 and fp32 prefetch only where
+    // the level is L2 (Intel's) and leave L1's CPUs to the hardware prefetcher.
     const CacheLevel level = one_row_prefetch();
-    const bool prefetch = !std::is_same_v<W, float> || level == CacheLevel::kL2;
+    const bool prefetch = std::is_same_v<W, int8_t> || level == CacheLevel::kL2;
     const int64_t lines = prefetch ? (K * kNr * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col = p * kNr;

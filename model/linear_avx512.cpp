@@ -192,13 +192,16 @@ void run(const float* x, int64_t M, int64_t K, int64_t N, const W* w, const floa
   const int64_t tiles = (M + kMr - 1) / kMr;
   // One row of fp32 weights is a plain stream, which the hardware prefetcher
   // serves better without help (measured: Zen 5 4-8%, Xeon 3-4% slower with
-  // it). Widened bfloat16 and int8 weights cost more instructions per line,
-  // and the hardware alone kept too few lines in flight: one row prefetches
-  // into one_row_prefetch()'s level (Xeon Emerald Rapids, batch-1 step
-  // against its floor: bf16 1.63-1.69x -> 1.19-1.24x into L2, 1.53-1.56x into
-  // L1; int8 2.11-2.22x -> 1.28-1.54x; not measured on AMD, whose level is L1
-  // as for the avx512bf16 kernel's one row).
-  const bool prefetch = M >= 2 || !std::is_same_v<W, float>;
+  // it). Widened int8 weights cost more instructions per line, and the
+  // hardware alone kept too few lines in flight: one row prefetches into
+  // one_row_prefetch()'s level (batch-1 step, prefetch off / on in one
+  // process: Zen 5 into L1 1.13x, into L2 1.17x faster; Xeon Emerald Rapids
+  // against its floor 2.11-2.22x -> 1.28-1.54x into L2). bfloat16 only where
+  // that level is L2: on the Xeon its step went 1.63-1.69x -> 1.19-1.24x its
+  // floor (1.53-1.56x into L1), on Zen 5 it ran 6-11% slower with a prefetch
+  // into either level than with the hardware's alone.
+  const bool prefetch = M >= 2 || std::is_same_v<W, int8_t> ||
+                        (std::is_same_v<W, uint16_t> && one_row_prefetch() == CacheLevel::kL2);
   // bfloat16 and int8 weights for two row tiles or more: each chunk widened
   // once into fp32 in a buffer that stays in L2, then fp32's tiles over it
   // (int8 per channel: with its epilogue): the same FMAs on the same values
