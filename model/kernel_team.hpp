@@ -21,9 +21,10 @@
 // libgomp's, a 32-token one 1.00-1.06x, and a server at 32 concurrent
 // 1.07-1.26x of the same server with the limit at 16; bench_limits --teams,
 // docs/benchmarks.md "Kernel teams"). The LayerNorms have run on the team
-// since (layer_norm_rows); measured again then with the limit at 1024 (Xeon
-// Emerald Rapids, 2026-12-06), libgomp / team: decode 64 0.99-1.02x, prefill
-// 512 1.00-1.03x, decode 32 1.00-1.01x: nothing gained past 32, so it stays.
+// since (layer_norm_rows); measured again then with the limit at 1024,
+// libgomp / team: Xeon Emerald Rapids decode 64 0.99-1.02x, prefill 512
+// 1.00-1.03x, decode 32 1.00-1.01x; Zen 5 decode 64 0.97-1.02x, prefill 512
+// 0.97-1.01x (2026-12-06): nothing gained past 32, so it stays.
 //
 // kernel_parallel_for(begin, end, grain, f) is at::parallel_for's contract:
 // f(b, e) on contiguous chunks that cover [begin, end) once, at most as many
