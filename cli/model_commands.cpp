@@ -1,4 +1,4 @@
-// init-model, download, tokenize, detokenize.
+// init-model, convert, download, tokenize, detokenize.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "core/sampling_params.hpp"
 #include "model/config.hpp"
 #include "model/download.hpp"
+#include "model/linear.hpp"
 #include "model/model_dir.hpp"
 #include "model/text/tokenizer.hpp"
 
@@ -171,6 +172,36 @@ void add_model_commands(CLI::App& app, Registry& registry) {
                                        cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions, o->out.c_str());
                           return 0;
                         }});
+  }
+  // convert
+  {
+    auto* sub = app.add_subcommand(
+        "convert",
+        "Write a model folder again with its weight matrices in bfloat16 (half the file) or float32");
+    struct Opts {
+      std::string model, out, dtype = "bfloat16";
+    };
+    auto o = std::make_shared<Opts>();
+    sub->add_option("--model", o->model, "Model folder to read")->required();
+    sub->add_option("--out", o->out,
+                    "New folder to write (config.json, model.safetensors, vocab.json, merges.txt)")
+        ->required();
+    sub->add_option(
+           "--dtype", o->dtype,
+           "The matrices' storage: bfloat16 (default; what --dtype bfloat16 loads, bit for bit, from half "
+           "the bytes) or float32; the norms and biases stay float32")
+        ->check(CLI::IsMember({"float32", "bfloat16", "fp32", "bf16"}));
+    registry.push_back(
+        {sub, [o] {
+           const model::WeightDtype dtype = model::parse_weight_dtype(o->dtype);
+           const uint64_t bytes = model::convert_model(o->model, o->out, dtype);
+           const uint64_t from =
+               std::filesystem::file_size(std::filesystem::path(o->model) / "model.safetensors");
+           std::fprintf(stderr, "wrote %s: matrices in %s, model.safetensors %.1f MB (was %.1f MB)\n",
+                        o->out.c_str(), dtype == model::WeightDtype::kBFloat16 ? "bfloat16" : "float32",
+                        static_cast<double>(bytes) / 1e6, static_cast<double>(from) / 1e6);
+           return 0;
+         }});
   }
   // download
   {

@@ -237,14 +237,22 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
   if (!cpu_supports(isa)) bad("Linear", why_unsupported(isa));
   in_ = weight.size(layout == WeightLayout::kInOut ? 0 : 1);
   out_ = weight.size(layout == WeightLayout::kInOut ? 1 : 0);
-  if (weight.device().is_cpu() && weight.scalar_type() == torch::kFloat32) kernel_ = packed_gemm_kernel(isa);
+  // fp32 weights, or a 16-bit file's (bfloat16, half) for a bfloat16 or int8
+  // Linear: bfloat16 ones packed as they are (the bits fp32 weights round
+  // to), the others widened as they are rounded or quantized, a block of
+  // channels at a time (never a whole fp32 copy).
+  const bool half_source = weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kHalf;
+  if (half_source && dtype == WeightDtype::kFloat32)
+    bad("Linear", "16-bit weights make a bfloat16 or int8 Linear; widen them with .to(torch::kFloat32)");
+  if (weight.device().is_cpu() && (weight.scalar_type() == torch::kFloat32 || half_source))
+    kernel_ = packed_gemm_kernel(isa);
   if (!kernel_) {
     switch (dtype) {
       case WeightDtype::kFloat32:
         weight_ = weight.contiguous();
         break;
       case WeightDtype::kBFloat16:
-        weight_ = round_to_bfloat16(weight).contiguous();
+        weight_ = round_to_bfloat16(weight.to(torch::kFloat32)).contiguous();
         break;
       case WeightDtype::kInt8:
         weight_ = quantize_int8_per_channel(weight, layout).contiguous();
@@ -268,8 +276,11 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
       break;
     }
     case WeightDtype::kBFloat16: {
-      // The bits of the bfloat16 rounding (to nearest, ties to even).
-      const torch::Tensor bits = weight.to(torch::kBFloat16).contiguous();
+      // The bits of the bfloat16 rounding (to nearest, ties to even) of the
+      // fp32 values (half: widened first, exactly).
+      const torch::Tensor bits = (weight.scalar_type() == torch::kHalf ? weight.to(torch::kFloat32) : weight)
+                                     .to(torch::kBFloat16)
+                                     .contiguous();
       weight_ = pack_panels(reinterpret_cast<const uint16_t*>(bits.data_ptr<at::BFloat16>()), in_out, P, K, N,
                             nr, kernel_->bf16_pairs, torch::kBFloat16);
       break;

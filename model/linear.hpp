@@ -100,6 +100,10 @@ class Linear {
   // serves it; elsewhere fp32 rounded to bfloat16's values or holding
   // quantize_int8_per_channel's, so every variant computes the same function
   // (int8: up to the fp32 rounding of the sums, the scale applied after).
+  // A 16-bit `weight` (a BF16 or F16 file's matrix) makes a bfloat16 or int8
+  // Linear (std::invalid_argument for float32): the same Linear as from its
+  // values widened to fp32, without a whole fp32 copy (bfloat16 bits are
+  // packed as they are; int8 quantizes a block of channels at a time).
   Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, WeightDtype dtype);
 
   int64_t in_features() const { return in_; }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "model/gpt2.hpp"
+#include "model/linear.hpp"
 #include "model/safetensors.hpp"
 
 namespace troupe::model {
@@ -140,6 +141,45 @@ void write_random_model(const std::string& dir, const Gpt2Config& config, uint64
   }
   // config.json last: a folder with a config.json is complete.
   write_text((fs::path(dir) / "config.json").string(), c.to_json());
+}
+
+uint64_t convert_model(const std::string& from, const std::string& to, WeightDtype dtype) {
+  if (dtype != WeightDtype::kFloat32 && dtype != WeightDtype::kBFloat16)
+    throw std::invalid_argument(
+        "convert: a model file holds float32 or bfloat16 weights; int8 is made from them when a model loads "
+        "(--quantization int8 on the command that loads it)");
+  std::error_code ec;
+  if (fs::exists(to, ec) && fs::equivalent(from, to, ec))
+    throw std::invalid_argument("convert: --out " + to +
+                                " is the model folder itself; write to a new folder");
+  for (const char* f : {"config.json", "model.safetensors"})
+    if (fs::exists(fs::path(to) / f, ec))
+      throw std::invalid_argument("convert: " + to + " already holds " + f + "; write to a new folder");
+  ModelDir m = load_model_dir(from);
+  const fs::path src = fs::path(from) / "model.safetensors";
+  std::map<std::string, std::string> metadata = SafetensorsFile(src.string()).metadata();
+  metadata["format"] = "pt";
+  const bool bf16 = dtype == WeightDtype::kBFloat16;
+  metadata["troupe_dtype"] = bf16 ? "bfloat16" : "float32";
+  std::vector<std::pair<std::string, torch::Tensor>> named = m.weights.named();
+  m.weights = {};
+  for (auto& [name, t] : named) {
+    // The matrices (2-D) are what a bfloat16 model rounds; vectors stay fp32.
+    torch::Tensor out = t.to(bf16 && t.dim() == 2 ? torch::kBFloat16 : torch::kFloat32).contiguous();
+    if (out.data_ptr() != t.data_ptr()) release_mapped_pages(t);  // the source's pages, once read
+    t = std::move(out);
+  }
+  fs::create_directories(to, ec);
+  if (ec) throw std::runtime_error("cannot create model folder " + to + ": " + ec.message());
+  const fs::path dst = fs::path(to) / "model.safetensors";
+  write_safetensors(dst.string(), named, metadata);
+  for (const char* f : {"vocab.json", "merges.txt", "config.json"}) {  // config.json last
+    fs::copy_file(fs::path(from) / f, fs::path(to) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw std::runtime_error("cannot copy " + (fs::path(from) / f).string() + " to " + to + ": " +
+                               ec.message());
+  }
+  return static_cast<uint64_t>(fs::file_size(dst));
 }
 
 std::string random_weights_warning(const std::string& dir) {

@@ -55,6 +55,20 @@ std::map<std::string, std::shared_ptr<const Gpt2>> models_per_device(ModelDir& d
 void write_random_model(const std::string& dir, const Gpt2Config& config, uint64_t seed,
                         const std::string& tokenizer_dir);
 
+// troupe convert: writes the model folder `from` again at `to` (a new folder,
+// or one without config.json and model.safetensors) with its matrices — wte,
+// wpe and the four per block, what --dtype bfloat16 rounds — stored in
+// `dtype` (kBFloat16: BF16, rounded to nearest even as a bfloat16 model
+// rounds them when it loads; kFloat32: F32), the vectors as F32, the file's
+// metadata kept; then the tokenizer files and config.json (last: a folder
+// with a config.json is complete). Loading the result with --dtype bfloat16
+// gives the model that loading `from` with it gives, bit for bit, from half
+// the bytes. Returns the bytes of the model.safetensors written. Throws
+// std::invalid_argument for int8 (quantized when a model loads: a file holds
+// 16 or 32 bits), for `to` = `from`, or a `to` that already holds a model;
+// load_model_dir's errors for a broken `from`.
+uint64_t convert_model(const std::string& from, const std::string& to, WeightDtype dtype);
+
 // The banner printed for random-weight models.
 std::string random_weights_warning(const std::string& dir);
 

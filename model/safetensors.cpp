@@ -65,7 +65,7 @@ void drop_pages(const unsigned char* begin, const unsigned char* end) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
-// The storage context of a map_float() tensor: its bytes and the mapping they
+// The storage context of a map() or map_float() tensor: its bytes and the mapping they
 // live in. Its deleter is how release_mapped_pages() knows such a tensor.
 struct MappedBytes {
   std::shared_ptr<const void> mapping;
@@ -222,16 +222,22 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   return entries_[it->second];
 }
 
-torch::Tensor SafetensorsFile::to_float(const std::string& name) const {
+namespace {
+
+// The torch type of a dtype troupe reads; throws naming the tensor for another.
+torch::ScalarType float_type(const std::string& path, const SafetensorsEntry& e) {
+  if (e.dtype == "F32") return torch::kFloat32;
+  if (e.dtype == "F16") return torch::kFloat16;
+  if (e.dtype == "BF16") return torch::kBFloat16;
+  throw std::runtime_error(path + ": tensor \"" + e.name + "\" has dtype " + e.dtype +
+                           "; troupe reads F32, F16 or BF16");
+}
+
+}  // namespace
+
+torch::Tensor SafetensorsFile::copy(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  torch::ScalarType raw;
-  if (e.dtype == "F32") raw = torch::kFloat32;
-  else if (e.dtype == "F16") raw = torch::kFloat16;
-  else if (e.dtype == "BF16") raw = torch::kBFloat16;
-  else {
-    throw std::runtime_error(path_ + ": tensor \"" + name + "\" has dtype " + e.dtype +
-                             "; troupe reads F32, F16 or BF16");
-  }
+  const torch::ScalarType raw = float_type(path_, e);
   torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(raw).device(torch::kCPU));
   if (e.end > e.begin) {
     std::memcpy(t.data_ptr(), map_->data + e.begin, e.end - e.begin);
@@ -240,20 +246,32 @@ torch::Tensor SafetensorsFile::to_float(const std::string& name) const {
     // them back in), so a model's file and its copy never count twice.
     drop_pages(map_->data + e.begin, map_->data + e.end);
   }
-  return raw == torch::kFloat32 ? t : t.to(torch::kFloat32);
+  return t;
 }
 
-torch::Tensor SafetensorsFile::map_float(const std::string& name) const {
+torch::Tensor SafetensorsFile::to_float(const std::string& name) const {
+  torch::Tensor t = copy(name);
+  return t.scalar_type() == torch::kFloat32 ? t : t.to(torch::kFloat32);
+}
+
+torch::Tensor SafetensorsFile::map(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
+  const torch::ScalarType raw = float_type(path_, e);
   const unsigned char* begin = map_->data + e.begin;
-  if (e.dtype != "F32" || e.end == e.begin || reinterpret_cast<uintptr_t>(begin) % alignof(float) != 0)
-    return to_float(name);
+  const size_t size = raw == torch::kFloat32 ? sizeof(float) : sizeof(uint16_t);
+  if (e.end == e.begin || reinterpret_cast<uintptr_t>(begin) % size != 0) return copy(name);
   const size_t bytes = e.end - e.begin;
   auto* ctx = new MappedBytes{map_, begin, begin + bytes};
   c10::DataPtr ptr(const_cast<unsigned char*>(begin), ctx, &free_mapped_bytes, c10::Device(c10::kCPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), /*allocator=*/nullptr,
                        /*resizable=*/false);
-  return torch::empty({0}, torch::kFloat32).set_(storage, 0, e.shape, c10::contiguous_strides(e.shape));
+  return torch::empty({0}, raw).set_(storage, 0, e.shape, c10::contiguous_strides(e.shape));
+}
+
+torch::Tensor SafetensorsFile::map_float(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  if (e.dtype != "F32") return to_float(name);
+  return map(name);
 }
 
 void write_safetensors(const std::string& path,
@@ -274,9 +292,10 @@ void write_safetensors(const std::string& path,
     if (!t.defined()) {
       throw std::invalid_argument("write_safetensors: tensor \"" + name + "\" is undefined");
     }
-    torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    const uint64_t nbytes = static_cast<uint64_t>(c.numel()) * sizeof(float);
-    header[name] = {{"dtype", "F32"},
+    const bool bf16 = t.scalar_type() == torch::kBFloat16;
+    torch::Tensor c = t.detach().to(torch::kCPU, bf16 ? torch::kBFloat16 : torch::kFloat32).contiguous();
+    const uint64_t nbytes = static_cast<uint64_t>(c.numel()) * c.element_size();
+    header[name] = {{"dtype", bf16 ? "BF16" : "F32"},
                     {"shape", c.sizes().vec()},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
@@ -298,7 +317,7 @@ void write_safetensors(const std::string& path,
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const auto& c : data) {
       out.write(static_cast<const char*>(c.data_ptr()),
-                static_cast<std::streamsize>(c.numel() * sizeof(float)));
+                static_cast<std::streamsize>(c.numel() * c.element_size()));
     }
     out.flush();
     if (!out) {

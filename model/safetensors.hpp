@@ -44,6 +44,9 @@ class SafetensorsFile {
   // converted exactly); it does not keep the mapping alive. Throws
   // std::runtime_error for another dtype.
   torch::Tensor to_float(const std::string& name) const;
+  // The same copy in the file's own dtype (F32, F16 or BF16 as float, half,
+  // bfloat16), not converted.
+  torch::Tensor copy(const std::string& name) const;
   // An fp32 tensor over the mapped bytes themselves, without a copy, for F32
   // data aligned for floats (else to_float's copy). Read-only memory: writing
   // to it faults. It keeps the mapping alive; when its storage is freed, or
@@ -53,6 +56,11 @@ class SafetensorsFile {
   // file must not be truncated in place while such a tensor lives (troupe
   // writes model files to a temporary name and renames it).
   torch::Tensor map_float(const std::string& name) const;
+  // map_float's tensor in the file's own dtype: F32, F16 or BF16 data over the
+  // mapped bytes (a float, half or bfloat16 tensor; copy()'s where the bytes
+  // are not aligned for it), so that 16-bit weights stay 16-bit until their
+  // reader converts them. The same rules for the mapping as map_float's.
+  torch::Tensor map(const std::string& name) const;
 
  private:
   struct Mapping;
@@ -63,14 +71,14 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Drops the resident pages under a tensor of map_float(), or a view of one
+// Drops the resident pages under a tensor of map() or map_float(), or a view of one
 // (the pages wholly inside the bytes it spans; a later read faults them back
 // from the page cache): for a caller that has read or copied it and keeps it.
 // Does nothing for any other tensor. Never changes what the tensor reads.
 void release_mapped_pages(const torch::Tensor& t);
 
-// Writes the tensors as F32 (converted to fp32 and copied to the CPU first) in
-// the given order, with optional "__metadata__". Writes `path`.tmp and renames
+// Writes the tensors as F32 (converted to fp32 and copied to the CPU first),
+// bfloat16 ones as BF16, in the given order, with optional "__metadata__". Writes `path`.tmp and renames
 // it, so a reader never sees half a file. Throws std::invalid_argument on a
 // duplicate or reserved name, std::runtime_error on an I/O failure.
 void write_safetensors(const std::string& path,

@@ -80,9 +80,10 @@ Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Con
   }
 
   // The matrices a model packs (wte, the four per block: all but 3 MB of
-  // GPT-2's bytes) stay in the mapped file until it packs them
-  // (SafetensorsFile::map_float), so loading never holds them all on the heap.
-  // What a model keeps as loaded (wpe, the vectors) is copied.
+  // GPT-2's bytes) stay in the mapped file, in its dtype, until it packs them
+  // (SafetensorsFile::map), so loading never holds them all on the heap, nor
+  // a 16-bit file's matrices widened. What a model keeps as loaded (wpe, the
+  // vectors) is copied as fp32.
   const auto get = [&](const std::string& name, std::vector<int64_t> want, bool packed = false) {
     const std::string key = find_name(file, name);
     if (key.empty()) {
@@ -94,7 +95,7 @@ Gpt2Weights Gpt2Weights::load(const std::string& safetensors_path, const Gpt2Con
       fail("tensor \"" + key + "\" has shape " + shape_str(e.shape) + ", expected " + shape_str(want) +
            " (from config.json)");
     }
-    return packed ? file.map_float(key) : file.to_float(key);
+    return packed ? file.map(key) : file.to_float(key);
   };
 
   const int64_t E = config.n_embd;
@@ -210,13 +211,16 @@ uint64_t fingerprint(const Gpt2Config& config, const Gpt2Weights& weights) {
   XXH3_64bits_update(state, &config.layer_norm_epsilon, sizeof config.layer_norm_epsilon);
   for (const auto& [name, tensor] : weights.named()) {
     XXH3_64bits_update(state, name.data(), name.size());
-    const torch::Tensor t = tensor.to(torch::kCPU, torch::kFloat32).contiguous().view({-1});
-    // In pieces of 4 MiB, each let go once read: a weight still in its file
-    // (map_float) is not made resident whole by being hashed.
-    constexpr int64_t kPiece = (4 << 20) / sizeof(float);
+    const torch::Tensor t = tensor.to(torch::kCPU).contiguous().view({-1});  // in its own dtype
+    // In pieces of 1 Mi values, each widened to fp32 (a 16-bit file's
+    // matrix: never whole), hashed, and let go once read: a weight still in
+    // its file (SafetensorsFile::map) is not made resident whole by being hashed.
+    constexpr int64_t kPiece = int64_t{1} << 20;
     for (int64_t i = 0; i < t.numel(); i += kPiece) {
       const torch::Tensor piece = t.narrow(0, i, std::min(kPiece, t.numel() - i));
-      XXH3_64bits_update(state, piece.data_ptr<float>(), static_cast<size_t>(piece.numel()) * sizeof(float));
+      const torch::Tensor values = piece.to(torch::kFloat32).contiguous();
+      XXH3_64bits_update(state, values.data_ptr<float>(),
+                         static_cast<size_t>(values.numel()) * sizeof(float));
       release_mapped_pages(piece);
     }
   }

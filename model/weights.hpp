@@ -1,6 +1,9 @@
 #pragma once
 // Gpt2Weights: GPT-2's parameters as Hugging Face stores them (Conv1D weights
-// are [in, out]), fp32 on the CPU. Loaded from model.safetensors.
+// are [in, out]), on the CPU. Loaded from model.safetensors: the vectors and
+// wpe as fp32, the matrices a model packs (wte and the four per block) over
+// the file's mapping in its dtype — fp32, or half / bfloat16 from an F16 /
+// BF16 file, which Gpt2 widens one matrix at a time as it packs it.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -31,7 +34,7 @@ struct Gpt2Weights {
   std::vector<LayerWeights> layers;
   torch::Tensor ln_f_weight, ln_f_bias;  // [E]
 
-  // Reads model.safetensors (F32, F16 or BF16; names with or without the
+  // Reads model.safetensors (F32, F16 or BF16, above; names with or without the
   // "transformer." prefix; lm_head.weight optional and must equal wte's shape).
   // Throws std::runtime_error naming the tensor or byte offset on any defect.
   static Gpt2Weights load(const std::string& safetensors_path, const Gpt2Config& config);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -48,7 +49,8 @@ using troupe::test::read_jsonl;
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (const char* cmd : {"", "init-model", "download", "tokenize", "detokenize", "generate", "batch", "perplexity"}) {
+  for (const char* cmd : {"", "init-model", "convert", "download", "tokenize", "detokenize", "generate",
+                          "batch", "perplexity"}) {
     auto r = run_command(tcmd(std::string(cmd) + " --help"));
     EXPECT_EQ(r.status, 0) << cmd;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
@@ -123,6 +125,37 @@ TEST(Cli, InitModelWritesACompleteFolderAndWarns) {
   json c = json::parse(cfg);
   EXPECT_EQ(c["n_layer"], 1);
   EXPECT_EQ(c["troupe_random_weights"], true);
+}
+
+// troupe convert writes a folder that --dtype bfloat16 loads as the model
+// the original folder gives it (the same tokens), from half the bytes; it
+// will not write over a model.
+TEST(Cli, ConvertWritesABfloat16FolderThatGeneratesTheSameTokens) {
+  TempDir dir;
+  const std::string out = dir.file("bf16");
+  auto r = run_command(tcmd("convert " + model_flag() + " --out " + shell_quote(out)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("matrices in bfloat16"), std::string::npos) << r.output;
+  EXPECT_LT(std::filesystem::file_size(out + "/model.safetensors"),
+            std::filesystem::file_size(tiny_model() + "/model.safetensors") * 6 / 10);
+  const std::string gen =
+      " --prompt-ids 11,22,33,44 --max-tokens 12 --mode paged --ignore-eos --dtype bfloat16 --json";
+  const json a = run_json("generate " + model_flag() + gen);
+  const json b = run_json("generate --model " + shell_quote(out) + gen);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(a["ids"].size(), 12u);
+  EXPECT_EQ(
+      run_json("generate --model " + shell_quote(out) + " --prompt-ids 11,22 --max-tokens 3 --json")["ids"]
+          .size(),
+      3u)
+      << "float32 from a BF16 file";
+  auto again = run_command(tcmd("convert " + model_flag() + " --out " + shell_quote(out)));
+  EXPECT_NE(again.status, 0);
+  EXPECT_NE(again.output.find("already holds config.json"), std::string::npos) << again.output;
+  auto bad =
+      run_command(tcmd("convert " + model_flag() + " --out " + shell_quote(dir.file("x")) + " --dtype int8"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x")));
 }
 
 TEST(Cli, InitModelRejectsBadShape) {

@@ -691,6 +691,30 @@ TEST(Linear, QuantizesInt8PerOutputChannelToNearestEven) {
   EXPECT_TRUE(at::equal(quantize_int8_groups_of_32(col.t().contiguous(), WeightLayout::kOutIn), col_want.t()));
 }
 
+// A 16-bit file's matrix (bfloat16 or half) makes the bfloat16 or int8
+// Linear that its values widened to fp32 make, on every variant, in either
+// layout; it makes no float32 Linear.
+TEST(Linear, SixteenBitSourceMakesTheSameLinearAsItsFp32Values) {
+  at::manual_seed(31);
+  const torch::Tensor w = at::randn({70, 150}), x = at::randn({5, 70});
+  for (auto type : {torch::kBFloat16, torch::kHalf}) {
+    const torch::Tensor src = w.to(type), wide = src.to(torch::kFloat32);
+    for (CpuIsa isa : all_isas()) {
+      if (!cpu_supports(isa)) continue;
+      SCOPED_TRACE(std::string(to_string(isa)) + (type == torch::kHalf ? " half" : " bfloat16"));
+      for (WeightDtype dtype : {WeightDtype::kBFloat16, WeightDtype::kInt8, WeightDtype::kInt8G32}) {
+        const Linear from_fp32(wide, WeightLayout::kInOut, isa, dtype);
+        const Linear from_src(src, WeightLayout::kInOut, isa, dtype);
+        EXPECT_TRUE(at::equal(from_src.forward(x), from_fp32.forward(x))) << to_string(dtype);
+        EXPECT_EQ(from_src.weight_bytes(), from_fp32.weight_bytes()) << to_string(dtype);
+        const Linear out_in(src.t().contiguous(), WeightLayout::kOutIn, isa, dtype);
+        EXPECT_TRUE(at::equal(out_in.forward(x), from_fp32.forward(x))) << to_string(dtype);
+      }
+      EXPECT_THROW(Linear(src, WeightLayout::kInOut, isa, WeightDtype::kFloat32), std::invalid_argument);
+    }
+  }
+}
+
 TEST(Linear, RoundsToNearestEvenAndParsesDtypeNames) {
   // 1 + 2^-8 lies halfway between bfloat16's 1 and 1 + 2^-7: ties go to even (1).
   const torch::Tensor t = torch::tensor(std::vector<float>{1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f});

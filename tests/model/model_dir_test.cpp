@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gpt2.hpp"
+#include "model/linear.hpp"
 #include "model/model_dir.hpp"
+#include "model/safetensors.hpp"
 #include "tiny_model.hpp"
 
 namespace troupe::model {
@@ -130,6 +132,63 @@ TEST(ModelDir, WorkersOnOneDeviceShareOneModel) {
   ASSERT_NE(models.at("cpu"), nullptr);
   EXPECT_EQ(models.at("cpu")->config().n_layer, dir.config.n_layer);
   EXPECT_FALSE(dir.weights.wte.defined()) << "the last model took the loaded weights";
+}
+
+// troupe convert: a folder whose matrices are BF16 (half the bytes), the
+// vectors F32, the metadata kept; loaded with --dtype bfloat16 it is the
+// model that the fp32 folder loaded with it is, bit for bit (and, in fp32,
+// the fp32 model of the rounded weights); back to float32, F32 again. It
+// never overwrites a model, nor writes int8.
+TEST(ModelDir, ConvertWritesTheSameBfloat16ModelInHalfTheBytes) {
+  test::TempDir dir;
+  write_random_model(dir.file("src"), Gpt2Config::preset("tiny"), 5, test::tokenizer_dir());
+  testing::internal::CaptureStderr();  // the random-weights banners
+  const uint64_t bytes = convert_model(dir.file("src"), dir.file("bf16"), WeightDtype::kBFloat16);
+  const uint64_t back = convert_model(dir.file("bf16"), dir.file("f32"), WeightDtype::kFloat32);
+  ModelDir src = load_model_dir(dir.file("src"));
+  ModelDir bf16 = load_model_dir(dir.file("bf16"));
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(bytes, fs::file_size(dir.file("bf16/model.safetensors")));
+  EXPECT_LT(bytes, fs::file_size(dir.file("src/model.safetensors")) * 0.6);
+  EXPECT_NEAR(static_cast<double>(back),
+              static_cast<double>(fs::file_size(dir.file("src/model.safetensors"))), 256)
+      << "F32 again: the source's bytes, and a header with one more metadata key";
+  for (const char* f : {"config.json", "vocab.json", "merges.txt"})
+    EXPECT_EQ(slurp(dir.file("bf16/") + f), slurp(dir.file("src/") + f)) << f;
+  const SafetensorsFile file(dir.file("bf16/model.safetensors"));
+  EXPECT_EQ(file.metadata().at("troupe_dtype"), "bfloat16");
+  EXPECT_EQ(file.metadata().at("troupe_random_weights"), "true");
+  for (const SafetensorsEntry& e : file.entries())
+    EXPECT_EQ(e.dtype, e.shape.size() == 2 ? "BF16" : "F32") << e.name;
+  const std::vector<int32_t> ids = {5, 17, 300, 2, 99, 7};
+  const Gpt2 a(src.config, src.weights, torch::kCPU, WeightDtype::kBFloat16);
+  const Gpt2 b(bf16.config, bf16.weights, torch::kCPU, WeightDtype::kBFloat16);
+  EXPECT_TRUE(torch::equal(a.forward_full(ids), b.forward_full(ids)));
+  Gpt2Weights rounded = src.weights;
+  for (auto* m : {&rounded.wte, &rounded.wpe}) *m = round_to_bfloat16(*m);
+  for (LayerWeights& l : rounded.layers)
+    for (auto* m : {&l.attn_c_attn_weight, &l.attn_c_proj_weight, &l.mlp_c_fc_weight, &l.mlp_c_proj_weight})
+      *m = round_to_bfloat16(*m);
+  const Gpt2 c(src.config, rounded, torch::kCPU, WeightDtype::kFloat32);
+  const Gpt2 d(bf16.config, bf16.weights, torch::kCPU, WeightDtype::kFloat32);
+  EXPECT_TRUE(torch::equal(c.forward_full(ids), d.forward_full(ids)));
+  const SafetensorsFile f32(dir.file("f32/model.safetensors"));
+  for (const SafetensorsEntry& e : f32.entries()) EXPECT_EQ(e.dtype, "F32") << e.name;
+  EXPECT_TRUE(
+      torch::equal(f32.to_float("wte.weight"), round_to_bfloat16(src.weights.wte.to(torch::kFloat32))));
+
+  const auto refused = [&](const std::string& from, const std::string& to, WeightDtype t) {
+    try {
+      convert_model(from, to, t);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  EXPECT_HAS(refused(dir.file("src"), dir.file("bf16"), WeightDtype::kBFloat16), "already holds config.json");
+  EXPECT_HAS(refused(dir.file("src"), dir.file("src"), WeightDtype::kBFloat16), "is the model folder itself");
+  EXPECT_HAS(refused(dir.file("src"), dir.file("q"), WeightDtype::kInt8), "--quantization int8");
+  EXPECT_FALSE(fs::exists(dir.file("q"))) << "a refused conversion writes nothing";
 }
 
 TEST(ModelDir, MissingFilesAreNamedWithTheWayOut) {

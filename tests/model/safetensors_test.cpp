@@ -157,6 +157,40 @@ TEST(Safetensors, MapFloatCopiesWhatItCannotMap) {
   EXPECT_TRUE(torch::equal(f16.map_float("h"), torch::tensor({1.0f, -2.0f})));
 }
 
+// map() keeps a 16-bit tensor in its dtype over the mapping (map_float
+// widens it into a copy); F32 reads as map_float's; the writer keeps
+// bfloat16 tensors as BF16, so a round trip gives the same bits.
+TEST(Safetensors, MapKeepsTheFilesDtypeAndTheWriterKeepsBfloat16) {
+  test::TempDir dir;
+  const torch::Tensor a = torch::randn({33, 65});
+  const torch::Tensor bits = a.to(torch::kBFloat16), v = torch::randn({7});
+  write_safetensors(dir.file("m.safetensors"), {{"v", v}, {"b", bits}, {"a", a}});
+  torch::Tensor mapped;
+  {
+    SafetensorsFile f(dir.file("m.safetensors"));
+    EXPECT_EQ(f.entry("b").dtype, "BF16");
+    EXPECT_EQ(f.entry("a").dtype, "F32");
+    EXPECT_EQ(f.entry("b").end - f.entry("b").begin, 33u * 65u * 2u);
+    mapped = f.map("b");
+    EXPECT_EQ(mapped.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(mapped, bits));
+    EXPECT_TRUE(torch::equal(f.copy("b"), bits));
+    EXPECT_TRUE(torch::equal(f.to_float("b"), bits.to(torch::kFloat32)));
+    EXPECT_TRUE(torch::equal(f.map("a"), a));
+    EXPECT_TRUE(torch::equal(f.map("v"), v));
+  }
+  release_mapped_pages(mapped);  // a mapped bfloat16 tensor: its pages go, its values stay
+  EXPECT_TRUE(torch::equal(mapped, bits));
+  // Half-precision bytes at an odd offset cannot be mapped: copied, still half.
+  const uint16_t h[2] = {0x3C00, 0xC000};  // F16 1, -2
+  const std::string header = R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[1,5]}})";
+  ASSERT_EQ((8 + header.size() + 1) % 2, 1u) << "the data at an odd offset";
+  SafetensorsFile odd(write_raw(dir, header, std::string(1, '\0') + bytes_of(h, 4), "odd.safetensors"));
+  const torch::Tensor t = odd.map("h");
+  EXPECT_EQ(t.scalar_type(), torch::kFloat16);
+  EXPECT_TRUE(torch::equal(t.to(torch::kFloat32), torch::tensor({1.0f, -2.0f})));
+}
+
 // What map_float is for: a matrix read through it is resident while it is
 // read and leaves memory when released or freed; the heap never holds it.
 TEST(Safetensors, MappedPagesLeaveMemoryWhenReleasedOrFreed) {
