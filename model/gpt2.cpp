@@ -78,12 +78,11 @@ Gpt2::Gpt2(const Gpt2Config& config, Gpt2Weights weights, torch::Device device, 
   // the four projections per block, per output channel (int8_g32: per group
   // of 32 inputs of each); wpe stays fp32, as the vectors do: 3 MB of which a
   // step reads only its positions' rows).
-  // A BF16 file's matrices (bfloat16 over the mapping) go to a bfloat16
-  // model's Linears as they are, never widened; any other is widened one
-  // matrix at a time.
+  // A 16-bit file's matrices (over the mapping) go to a bfloat16 or int8
+  // model's Linears as they are, which pack or quantize them without a whole
+  // fp32 copy; a float32 model widens them one matrix at a time.
   auto linear = [&](const torch::Tensor& w, WeightLayout layout) {
-    const bool as_is =
-        dtype == WeightDtype::kBFloat16 && w.scalar_type() == torch::kBFloat16 && device.is_cpu();
+    const bool as_is = dtype != WeightDtype::kFloat32 && device.is_cpu();
     Linear packed(as_is ? w : to_device(w, device), layout, kernel_isa(), dtype);
     release_mapped_pages(w);  // a matrix still in its file (shared weights): its pages leave memory once read
     return packed;

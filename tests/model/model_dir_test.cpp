@@ -172,6 +172,11 @@ TEST(ModelDir, ConvertWritesTheSameBfloat16ModelInHalfTheBytes) {
   const Gpt2 c(src.config, rounded, torch::kCPU, WeightDtype::kFloat32);
   const Gpt2 d(bf16.config, bf16.weights, torch::kCPU, WeightDtype::kFloat32);
   EXPECT_TRUE(torch::equal(c.forward_full(ids), d.forward_full(ids)));
+  for (WeightDtype q : {WeightDtype::kInt8, WeightDtype::kInt8G32}) {  // quantized from the bits as they are
+    const Gpt2 e(src.config, rounded, torch::kCPU, q);
+    const Gpt2 f(bf16.config, bf16.weights, torch::kCPU, q);
+    EXPECT_TRUE(torch::equal(e.forward_full(ids), f.forward_full(ids))) << to_string(q);
+  }
   const SafetensorsFile f32(dir.file("f32/model.safetensors"));
   for (const SafetensorsEntry& e : f32.entries()) EXPECT_EQ(e.dtype, "F32") << e.name;
   EXPECT_TRUE(
