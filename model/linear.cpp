@@ -63,7 +63,7 @@ struct Int8Weight {
 // not depend on the block it is in.
 constexpr int64_t kQuantizeBlock = 4096;
 
-// A source still in its mapped file (SafetensorsFile::map_float) lets go of
+// A source still in its mapped file (SafetensorsFile::map) lets go of
 // the pages of the channels just quantized when they lie together (wte, [out,
 // in]: 147 MiB of GPT-2's file is then never resident at once).
 void done_with_channels(const torch::Tensor& t, int64_t out_dim, int64_t n0, int64_t nb) {
@@ -277,10 +277,8 @@ Linear::Linear(const torch::Tensor& weight, WeightLayout layout, CpuIsa isa, Wei
     }
     case WeightDtype::kBFloat16: {
       // The bits of the bfloat16 rounding (to nearest, ties to even) of the
-      // fp32 values (half: widened first, exactly).
-      const torch::Tensor bits = (weight.scalar_type() == torch::kHalf ? weight.to(torch::kFloat32) : weight)
-                                     .to(torch::kBFloat16)
-                                     .contiguous();
+      // fp32 values (a half's, converted through its exact fp32 value).
+      const torch::Tensor bits = weight.to(torch::kBFloat16).contiguous();
       weight_ = pack_panels(reinterpret_cast<const uint16_t*>(bits.data_ptr<at::BFloat16>()), in_out, P, K, N,
                             nr, kernel_->bf16_pairs, torch::kBFloat16);
       break;
