@@ -159,6 +159,26 @@ bool reset_peak_rss() {
   return static_cast<bool>(out);
 }
 
+size_t last_level_cache_bytes() {
+  size_t largest = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream type(dir + "type"), size(dir + "size");
+    std::string t, z;
+    if (!(type >> t) || !(size >> z) || t == "Instruction" || z.empty()) continue;
+    size_t n = 0;
+    try {
+      n = std::stoull(z);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const char unit = z.back();
+    n <<= unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+    largest = std::max(largest, n);
+  }
+  return largest;
+}
+
 std::string machine_line() { return model::kernel_summary() + " | " + model::thread_summary(); }
 
 }  // namespace troupe::bench

@@ -49,6 +49,10 @@ double rss_mib();
 // Resets VmHWM to the current RSS (Linux clear_refs 5); false if refused.
 bool reset_peak_rss();
 
+// The largest data cache cpu0 sees (its last level, the L3 on the x86 CPUs
+// here), from sysfs; 0 when unreadable.
+size_t last_level_cache_bytes();
+
 // "cpu: ... | kernels: ... | supported: ... | torch=2 blas=2 omp_wait_policy=PASSIVE"
 std::string machine_line();
 

@@ -79,6 +79,18 @@ TEST(CliProfile, QuickProfileOfTheTinyModelIsAValidCostFile) {
     EXPECT_GT(p.cost.predict_ns(m.sample.shape), 0);
   }
   EXPECT_NE(fx().profile_output.find("held-out error"), std::string::npos) << fx().profile_output;
+  // Chunks that continue a prompt are in the grid, alone and beside decodes:
+  // more attention pairs than the same tokens from position 0, so the fit can
+  // price a pair apart from a token.
+  int continuing = 0, continuing_with_decodes = 0;
+  for (const auto& m : p.fit_points) {
+    const int64_t n = m.prefill_tokens, from_zero = n * (n + 1) / 2;
+    if (m.prefill_seqs != 1 || m.sample.shape.prefill_pairs <= from_zero) continue;
+    ++continuing;
+    if (m.decode_seqs > 0) ++continuing_with_decodes;
+  }
+  EXPECT_GE(continuing, 4);
+  EXPECT_GE(continuing_with_decodes, 2);
 }
 
 TEST(CliProfile, RefitMeasuresNothingNew) {

@@ -63,6 +63,19 @@ Point grid_point(int32_t prefill, int32_t decodes, int32_t context, const Limits
   return p;
 }
 
+// One prompt chunk of n tokens continuing a prompt at position `start` (a
+// chunked prefill's later chunk), then `decodes` items as grid_point's.
+Point continuing_point(int32_t start, int32_t n, int32_t decodes, int32_t context) {
+  Point p;
+  p.items.push_back({start, n, true});
+  p.m.prefill_tokens = n;
+  p.m.prefill_seqs = 1;
+  for (int32_t d = 0; d < decodes; ++d) p.items.push_back({context, 1, true});
+  p.m.decode_seqs = decodes;
+  p.m.decode_context = static_cast<int64_t>(decodes) * (context + 1);
+  return p;
+}
+
 std::vector<Point> grid(const ProfileOptions& o, const Limits& l) {
   const int32_t np = l.n_positions;
   std::vector<int32_t> prefills =
@@ -80,6 +93,25 @@ std::vector<Point> grid(const ProfileOptions& o, const Limits& l) {
         Point pt = grid_point(p, d, c, l);
         if (pt.kv_tokens() <= l.max_kv) out.push_back(std::move(pt));
         if (d == 0) break;  // the context of no decodes does not matter
+      }
+    }
+  }
+  // Chunks that continue a prompt. With every chunk above starting at
+  // position 0, a chunk's attention pairs follow from its tokens, and the fit
+  // could not tell them apart: it priced them at 0 and put their cost on the
+  // tokens, so a step continuing a long prompt (half of a random step's
+  // chunks) came out up to 32% short (int8 on a Xeon, held out p90 14%).
+  const std::vector<int32_t> chunks =
+      o.quick ? std::vector<int32_t>{8, 32} : std::vector<int32_t>{16, 64, 256, 512};
+  const int32_t with_decodes = o.quick ? 4 : 16;
+  for (int32_t n : chunks) {
+    if (n > l.chunk) continue;
+    for (int32_t c : contexts) {
+      if (c < 1 || c + n > np - 1) continue;
+      for (int32_t d : {0, with_decodes}) {
+        if (n + d > l.max_tokens) continue;
+        Point pt = continuing_point(c, n, d, c);
+        if (pt.kv_tokens() <= l.max_kv) out.push_back(std::move(pt));
       }
     }
   }
