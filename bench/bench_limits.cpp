@@ -6,7 +6,9 @@
 //     bandwidth measured here. Target: step <= 1.1x floor. With --dtype
 //     bfloat16 (int8, int8_g32) the model's matrices are bfloat16 (int8 with
 //     a scale per output channel, or per group of 32 inputs) and the floor is
-//     of their bytes.
+//     of their bytes. These steps run back to back ("warm": weights that fit
+//     in the last-level cache may come from it); --floor times the step whose
+//     weights come from memory ("cold") beside it.
 //  2. The prefill of one 512-token prompt and a decode step of 64 sequences
 //     (context 128 each), in GFLOP/s as a share of the variant's FMA peak
 //     (independent register FMAs on every thread, that variant's ISA).
@@ -326,7 +328,7 @@ int main(int argc, char** argv) {
       std::printf("%s peak (best of the rounds), %s instructions, %d threads: %.1f GFLOP/s\n",
                   v.bf16_dot() ? "vdpbf16ps" : "FMA", to_string(v.isa), at::get_num_threads(), v.peak);
   std::printf("\n%d rounds, variants alternating; best (median) per figure\n\n", rounds);
-  std::printf("%-16s | %-42s | %-34s | %-34s\n", "variant", "decode batch 1, ctx 64 (<= 1.1x floor)",
+  std::printf("%-16s | %-42s | %-34s | %-34s\n", "variant", "decode batch 1, ctx 64, warm (--floor: cold)",
               "prefill 512 tokens (>= 65% peak)", "decode 64 seqs, ctx 128 (>= 65%)");
   for (const auto& v : vs) {
     const bench::StepWork wp = v.work(cfg, 1, 512, 512), wd = v.work(cfg, 64, 1, 128);
