@@ -32,7 +32,8 @@
 // the pairs' ratios twice: for the first step ("cold": its weights come from
 // memory) and for the best of the 3 ("warm": the steps after the first may
 // find weights in the last-level cache; on a Xeon with a 260 MiB L3, int8's
-// 124 MB of weights ran at 0.84-1.0x the floor so, 1.36x cold).
+// 124 MB of weights ran its best warm steps at 0.84-1.0x the floor, its
+// cold ones at 1.36-1.38x).
 //
 //   build/bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]
 //                      [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]
@@ -236,15 +237,15 @@ int main(int argc, char** argv) {
   }
   if (floor_pairs) {
     // The batch-1 step against its memory floor pair by pair: each pair is
-    // a streaming read (best of 2 passes over a buffer kept for the run)
-    // and, right after it, the best of 3 steps, so both halves see the same
-    // moment of a machine whose bandwidth swings between minutes. The
-    // figure is the median of the pairs' ratios, with their quartiles.
-    // The read spans twice the last-level cache at least, so the first step
-    // after it finds its weights in memory ("cold"); the next two may find
-    // some of them still in that cache from the step before ("warm": a
-    // weight set smaller than the cache, as int8's 124 MB under the Xeon's
-    // 260 MiB L3, can beat the floor there).
+    // a streaming read (best of 2 passes over a buffer kept for the run) and,
+    // right after it, 3 steps, so both halves see the same moment of a
+    // machine whose bandwidth swings between minutes. The read spans twice
+    // the last-level cache at least, so the first step finds its weights in
+    // memory ("cold"); the next two may find some of them still in that
+    // cache from the step before ("warm", the best of the 3: a weight set
+    // smaller than the cache, as int8's 124 MB under the Xeon's 260 MiB L3,
+    // can beat the floor there). Each figure is the median of the pairs'
+    // ratios, with their quartiles.
     const size_t llc = bench::last_level_cache_bytes();
     const size_t read_bytes = std::max(size_t{512} << 20, 2 * llc);
     ReadProbe probe(read_bytes, 0);

@@ -46,8 +46,15 @@ struct Limits {
   int64_t max_kv;
 };
 
+// `decodes` one-token items, each reading `context` earlier tokens.
+void add_decodes(Point& p, int32_t decodes, int32_t context) {
+  for (int32_t d = 0; d < decodes; ++d) p.items.push_back({context, 1, true});
+  p.m.decode_seqs = decodes;
+  p.m.decode_context = static_cast<int64_t>(decodes) * (context + 1);
+}
+
 // Prompt chunks of at most `chunk` tokens covering `prefill` tokens, then
-// `decodes` one-token items each reading `context` earlier tokens.
+// add_decodes'.
 Point grid_point(int32_t prefill, int32_t decodes, int32_t context, const Limits& l) {
   Point p;
   for (int32_t left = prefill; left > 0;) {
@@ -56,23 +63,19 @@ Point grid_point(int32_t prefill, int32_t decodes, int32_t context, const Limits
     left -= n;
     ++p.m.prefill_seqs;
   }
-  for (int32_t d = 0; d < decodes; ++d) p.items.push_back({context, 1, true});
   p.m.prefill_tokens = prefill;
-  p.m.decode_seqs = decodes;
-  p.m.decode_context = static_cast<int64_t>(decodes) * (context + 1);
+  add_decodes(p, decodes, context);
   return p;
 }
 
 // One prompt chunk of n tokens continuing a prompt at position `start` (a
-// chunked prefill's later chunk), then `decodes` items as grid_point's.
+// chunked prefill's later chunk), then add_decodes'.
 Point continuing_point(int32_t start, int32_t n, int32_t decodes, int32_t context) {
   Point p;
   p.items.push_back({start, n, true});
   p.m.prefill_tokens = n;
   p.m.prefill_seqs = 1;
-  for (int32_t d = 0; d < decodes; ++d) p.items.push_back({context, 1, true});
-  p.m.decode_seqs = decodes;
-  p.m.decode_context = static_cast<int64_t>(decodes) * (context + 1);
+  add_decodes(p, decodes, context);
   return p;
 }
 
