@@ -17,6 +17,8 @@
 namespace troupe::model {
 namespace {
 
+constexpr int64_t kHugePage = int64_t{2} << 20;  // a pool's start is aligned to it
+
 torch::ScalarType scalar_type(KvDtype dtype) {
   return dtype == KvDtype::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
 }
@@ -35,10 +37,12 @@ torch::ScalarType scalar_type(KvDtype dtype) {
 // other work ran 81-200 ms instead of 63-65 (bench_limits, Zen 5: page walks
 // over page tables the other work had evicted). Resident memory still
 // follows use, in 2 MiB steps per pool. Without THP this is plain memory.
+// A step's first write to a page maps it (the kernel clears it first), so a
+// worker maps the pages ahead of its blocks on a thread (map_ahead).
 torch::Tensor untouched_cpu_pool(const std::vector<int64_t>& shape, KvDtype dtype) {
   size_t bytes = static_cast<size_t>(element_bytes(dtype));
   for (int64_t d : shape) bytes *= static_cast<size_t>(d);
-  constexpr size_t kHuge = size_t{2} << 20;
+  constexpr size_t kHuge = static_cast<size_t>(kHugePage);
   const size_t reserved = bytes + kHuge;  // room to align the start
   void* mem =
       mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -88,6 +92,26 @@ PagedKvCache::PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t
     k_.push_back(device.is_cpu() ? untouched_cpu_pool(shape, dtype) : at::empty(shape, opts));
     v_.push_back(device.is_cpu() ? untouched_cpu_pool(shape, dtype) : at::empty(shape, opts));
   }
+  if (device.is_cpu()) {
+    const int64_t block_bytes = config_.n_head * block_size * config_.head_dim() * element_bytes(dtype);
+    prefault_policy_ =
+        KvPrefaultPolicy(block_bytes * num_blocks, block_bytes, kPrefaultAheadBytes, kHugePage);
+    std::vector<std::pair<char*, size_t>> pools;
+    for (const auto* set : {&k_, &v_})
+      for (const torch::Tensor& t : *set)
+        pools.emplace_back(static_cast<char*>(t.data_ptr()), static_cast<size_t>(block_bytes * num_blocks));
+    prefaulter_ = std::make_unique<PagePrefaulter>(std::move(pools), static_cast<size_t>(kHugePage));
+  }
+}
+
+void PagedKvCache::map_ahead(int64_t highest) {
+  if (!prefaulter_) return;
+  if (const int64_t bytes = prefault_policy_.on_write(highest); bytes > 0)
+    prefaulter_->request(static_cast<size_t>(bytes));
+}
+
+void PagedKvCache::wait_mapped() {
+  if (prefaulter_) prefaulter_->wait();
 }
 
 int64_t PagedKvCache::bytes_per_block(const Gpt2Config& config, int64_t block_size, KvDtype dtype) {

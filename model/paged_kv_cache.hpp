@@ -5,12 +5,14 @@
 // table names; slot = block * block_size + offset. Who owns which block is the
 // scheduler's business (BlockAllocator); this class only holds the memory.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
 #include "model/config.hpp"
+#include "model/kv_prefault.hpp"
 #include "model/linear.hpp"
 
 namespace troupe::model {
@@ -32,7 +34,8 @@ class PagedKvCache {
   // num_blocks * block_size * n_embd `dtype` values on `device`, uninitialised:
   // a slot holds garbage until its token's K/V is written. On the CPU the
   // pools are reserved without being touched, so resident memory follows
-  // the blocks in use (never-written pages read as zeros).
+  // the blocks in use and the pages map_ahead was asked for (never-written
+  // pages read as zeros).
   PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t block_size = 16,
                torch::Device device = torch::kCPU, KvDtype dtype = KvDtype::kFloat32);
 
@@ -69,6 +72,25 @@ class PagedKvCache {
   void write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k,
                             const torch::Tensor& v);
 
+  // A step is about to write blocks up to `highest` (-1: none, at the
+  // start): the CPU pools' pages up to kPrefaultAheadBytes past its end get
+  // mapped on the cache's thread (kv_prefault.hpp), so that later steps'
+  // first writes there fault no pages in. Returns at once; does nothing off
+  // the CPU. StepExecutor calls it (when kv_prefault_enabled()).
+  void map_ahead(int64_t highest);
+  // Blocks until the pages asked for are mapped (tests).
+  void wait_mapped();
+  // Bytes of each pool asked to be mapped so far (0: none).
+  int64_t mapped_ahead_bytes() const { return prefault_policy_.asked(); }
+  // Per pool (10 blocks of GPT-2 124M in fp32, 21 in bfloat16), rounded up to
+  // whole 2 MiB pages: the next page of each pool is mapped once the blocks
+  // written come within this of its start. Served on the Xeon, 2 MiB pages,
+  // 40 requests at 1 req/s, three rounds alternating: median TTFT 298, 278,
+  // 279 ms at 512 KiB, 319, 304, 291 at 4 MiB, 361, 319, 328 without; the
+  // process's peak RSS 1308-1318 MiB, 1414 and 1325-1327
+  // (docs/notes/2026-12-06-kv-prefault.md).
+  static constexpr int64_t kPrefaultAheadBytes = int64_t{512} << 10;
+
  private:
   Gpt2Config config_;
   int64_t num_blocks_;
@@ -76,6 +98,8 @@ class PagedKvCache {
   torch::Device device_;
   KvDtype dtype_ = KvDtype::kFloat32;
   std::vector<torch::Tensor> k_, v_;
+  KvPrefaultPolicy prefault_policy_{0, 1, 0, 1};  // set for CPU pools
+  std::unique_ptr<PagePrefaulter> prefaulter_;    // after the pools: stops before they go
 };
 
 }  // namespace troupe::model

@@ -44,6 +44,8 @@ StepExecutor::StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttentio
   if (cache.device() != model.device())
     throw std::invalid_argument("StepExecutor: the KV cache is on " + cache.device().str() +
                                 ", the model on " + model.device().str());
+  prefault_ = kv_prefault_enabled();
+  if (prefault_) cache_.map_ahead(-1);  // the first pages, before the first step
 }
 
 void StepExecutor::validate(const std::vector<core::SeqChunk>& chunks) const {
@@ -257,8 +259,19 @@ core::StepResult StepExecutor::execute(const core::StepPlan& plan) {
   core::StepResult result;
   result.step_id = plan.step_id;
   core::PreparedStep step = table_.prepare(plan);
-  int64_t tokens = 0;
-  for (const auto& c : step.chunks) tokens += static_cast<int64_t>(c.token_ids.size());
+  int64_t tokens = 0, highest = -1;  // the highest block this step writes K/V into
+  const int64_t bs = cache_.block_size();
+  for (const auto& c : step.chunks) {
+    const auto n = static_cast<int64_t>(c.token_ids.size());
+    tokens += n;
+    const int64_t last =
+        n > 0 ? std::min<int64_t>((c.start_pos + n - 1) / bs + 1, static_cast<int64_t>(c.block_table.size()))
+              : 0;
+    for (int64_t b = std::max<int64_t>(c.start_pos, 0) / bs; b < last; ++b)
+      highest = std::max<int64_t>(highest, std::min<int64_t>(c.block_table[b], cache_.num_blocks() - 1));
+  }
+  // Mapped ahead on the cache's thread while this step runs (kv_prefault.hpp).
+  if (prefault_) cache_.map_ahead(highest);
   // The step after a large one gives the memory back: before its forward
   // pass, the heap's free pages (the large step's activations, now free); the
   // kernels' scratch at their first call in it; after it, the heap's free

@@ -35,7 +35,9 @@ class StepExecutor {
  public:
   // Keeps references: `model` and `cache` must outlive the executor. Its heap
   // trim threshold comes from TROUPE_HEAP_TRIM (core::HeapTrimPolicy; throws
-  // std::invalid_argument for a bad value).
+  // std::invalid_argument for a bad value). Unless TROUPE_KV_PREFAULT=0, it
+  // has the cache map its pools' pages ahead of the blocks each step writes
+  // (PagedKvCache::map_ahead), starting with the first ones now.
   StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttention attention = PagedAttention::kAuto);
 
   // The worker's step. forward_ms is the wall time of the whole call. In the
@@ -77,6 +79,8 @@ class StepExecutor {
   const core::SequenceTable& sequences() const { return table_; }
   // execute()'s HeapTrimPolicy threshold (tokens a step; 0: never release).
   void set_heap_trim_tokens(int64_t min_tokens) { heap_trim_ = core::HeapTrimPolicy(min_tokens); }
+  // Tests: whether steps map the KV pools ahead (the process's TROUPE_KV_PREFAULT otherwise).
+  void set_kv_prefault(bool on) { prefault_ = on; }
   // How often execute() released the free heap.
   int64_t heap_releases() const { return heap_releases_; }
   // Prompt rows whose logits exist at once (default 128: [128, 50257] fp32
@@ -90,6 +94,7 @@ class StepExecutor {
   core::SequenceTable table_;
   int64_t score_rows_per_call_ = 128;
   core::HeapTrimPolicy heap_trim_;
+  bool prefault_ = false;  // kv_prefault_enabled(): map the KV pools ahead of the blocks written
   int64_t heap_releases_ = 0;
 };
 

@@ -1,8 +1,9 @@
 #pragma once
 // Shared test helpers: temp folders, the real tokenizer, a tiny random GPT-2 on
 // disk, running the troupe binary, tensor closeness.
-#include <unistd.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace troupe::test {
 
@@ -42,6 +44,18 @@ inline int64_t proc_kib(const std::string& file, const std::string& field) {
 
 // This process's anonymous memory, in KiB: exact, from its page tables.
 inline int64_t anon_kib() { return proc_kib("/proc/self/smaps_rollup", "Anonymous"); }
+
+// Bytes of [p, p + bytes) resident in memory (mincore: exact, no timing); -1 on error.
+inline int64_t resident_bytes(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * static_cast<int64_t>(page);
+}
 
 // A fresh folder under the system temp dir, removed when the object dies.
 class TempDir {

@@ -92,23 +92,35 @@ TEST(Cli, BadHeapTrimSettingStopsTheProcessAtStart) {
   EXPECT_EQ(ok.status, 0) << ok.output;
 }
 
-// The same for TROUPE_KERNEL_TEAM (model/kernel_team.hpp): 0 and 1 run.
-TEST(Cli, BadKernelTeamSettingStopsTheProcessAtStart) {
-  auto bad = run_command("env TROUPE_KERNEL_TEAM=2 " +
+// A 0-or-1 setting read from the environment: a bad value stops troupe
+// before it starts anything (exit 2, naming it); 0 and 1 run, with the same
+// tokens either way.
+static void expect_switch_checked_at_start(const std::string& var, const std::string& bad_value) {
+  auto bad = run_command("env " + var + "=" + bad_value + " " +
                          tcmd("serve " + model_flag() + " --workers 1 --listen tcp://127.0.0.1:0"));
   EXPECT_EQ(bad.status, 2) << bad.output;
-  EXPECT_NE(bad.output.find("TROUPE_KERNEL_TEAM must be 0"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find(var + " must be 0"), std::string::npos) << bad.output;
   EXPECT_EQ(bad.output.find("serving"), std::string::npos) << "nothing started: " << bad.output;
   std::string tokens[2];
   for (int on = 0; on < 2; ++on) {
     auto ok =
-        run_command("env TROUPE_KERNEL_TEAM=" + std::to_string(on) + " " +
+        run_command("env " + var + "=" + std::to_string(on) + " " +
                         tcmd("generate " + model_flag() + " --prompt-ids 1,2,3 --max-tokens 4 --mode paged"),
                     /*merge_stderr=*/false);
     EXPECT_EQ(ok.status, 0) << ok.output;
     tokens[on] = ok.output;
   }
-  EXPECT_EQ(tokens[0], tokens[1]);  // the same tokens either way
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
+// TROUPE_KERNEL_TEAM (model/kernel_team.hpp).
+TEST(Cli, BadKernelTeamSettingStopsTheProcessAtStart) {
+  expect_switch_checked_at_start("TROUPE_KERNEL_TEAM", "2");
+}
+
+// TROUPE_KV_PREFAULT (model/kv_prefault.hpp).
+TEST(Cli, BadKvPrefaultSettingStopsTheProcessAtStart) {
+  expect_switch_checked_at_start("TROUPE_KV_PREFAULT", "yes");
 }
 
 TEST(Cli, InitModelWritesACompleteFolderAndWarns) {

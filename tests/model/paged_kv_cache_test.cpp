@@ -15,21 +15,12 @@
 #include <ATen/ATen.h>
 
 #include "model/config.hpp"
+#include "test_utils.hpp"
 
 namespace troupe::model {
 namespace {
 
-// Bytes of [p, p + bytes) resident in memory (mincore: exact, no timing).
-int64_t resident_bytes(const void* p, size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
-  std::vector<unsigned char> in((end - begin) / page);
-  if (mincore(reinterpret_cast<void*>(begin), end - begin, in.data()) != 0) return -1;
-  int64_t n = 0;
-  for (unsigned char c : in) n += c & 1;
-  return n * static_cast<int64_t>(page);
-}
+using test::resident_bytes;
 
 TEST(PagedKvCache, SizesAndValidation) {
   const Gpt2Config cfg = Gpt2Config::preset("tiny");  // 2 layers, width 64

@@ -462,6 +462,56 @@ TEST(StepExecutor, ReleasesTheHeapAfterALargeStepWithTheSameTokens) {
   EXPECT_EQ(a, b);
 }
 
+// execute() has the cache map its pools past the highest block a step
+// writes (PagedKvCache::map_ahead), not past blocks the step only reads,
+// and the tokens are the same as without.
+TEST(StepExecutor, MapsTheKvPoolsAheadOfTheBlocksItWrites) {
+  const auto& t = tiny();
+  // The tiny model's blocks of 4 tokens: 1 KiB of each pool, 2048 to a 2 MiB page.
+  constexpr int64_t kBlocks = 16384, kMiB = int64_t{1} << 20;
+  auto drive = [&](bool prefault, std::vector<int64_t>& asked) {
+    PagedKvCache cache(t.cfg, kBlocks, kBlockSize);
+    StepExecutor ex(t.model, cache);
+    ex.set_kv_prefault(prefault);
+    asked.push_back(cache.mapped_ahead_bytes());  // the executor asked for the first page (when on)
+    Script s = make(1, "Blocks far into the pool", 6, 0, greedy());
+    const int32_t n = static_cast<int32_t>(s.prompt_len);
+    std::vector<int32_t> blocks;  // the prompt's blocks from 5000 up; its decodes in block 9000
+    for (int32_t b = 0; b * kBlockSize < n; ++b) blocks.push_back(5000 + b);
+    const int32_t grow_at = static_cast<int32_t>(blocks.size()) * kBlockSize;
+    auto r = ex.execute(prefill_plan(s, blocks));
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    asked.push_back(cache.mapped_ahead_bytes());
+    std::vector<int32_t> got{r.outputs.at(0).token.id};
+    for (int32_t k = 1; k < 6; ++k) {
+      StepPlan p;
+      p.step_id = 1 + static_cast<uint64_t>(k);
+      p.work.push_back({1, n + k - 1, 1, {}, true});
+      if (n + k - 1 == grow_at) p.work.back().new_blocks = {9000};
+      r = ex.execute(p);
+      EXPECT_TRUE(r.error.empty() && r.failures.empty()) << r.error;
+      got.push_back(r.outputs.at(0).token.id);
+      asked.push_back(cache.mapped_ahead_bytes());
+    }
+    EXPECT_EQ(got, reference(s));
+    return got;
+  };
+  std::vector<int64_t> on, off;
+  const auto a = drive(true, on);
+  const auto b = drive(false, off);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(on.front(), kv_prefault_enabled() ? 2 * kMiB : 0);  // the start: 512 KiB ahead, one page
+  // The prompt wrote blocks 5000 up to ~5008: 4.9 MiB + 512 KiB -> 6 MiB.
+  EXPECT_EQ(on.at(1), 6 * kMiB);
+  // A decode that starts block 9000 (8.8 MiB + 512 KiB) asks for 10 MiB; the
+  // decodes before it, writing the prompt's last block, for nothing more.
+  EXPECT_EQ(on.back(), 10 * kMiB);
+  EXPECT_TRUE(std::is_sorted(on.begin(), on.end()));
+  // Off (after the constructor, which follows the process's setting): nothing more.
+  EXPECT_EQ(off, std::vector<int64_t>(off.size(), off.front()));
+  EXPECT_LE(off.front(), 2 * kMiB);
+}
+
 TEST(StepExecutor, DeltaPlansDriveTheSequenceTableAndMatchGenerate) {
   const auto& t = tiny();
   PagedKvCache cache(t.cfg, kNumBlocks, kBlockSize);
