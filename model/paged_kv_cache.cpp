@@ -94,8 +94,8 @@ PagedKvCache::PagedKvCache(const Gpt2Config& config, int64_t num_blocks, int64_t
   }
   if (device.is_cpu()) {
     const int64_t block_bytes = config_.n_head * block_size * config_.head_dim() * element_bytes(dtype);
-    prefault_policy_ =
-        KvPrefaultPolicy(block_bytes * num_blocks, block_bytes, kPrefaultAheadBytes, kHugePage);
+    prefault_policy_ = KvPrefaultPolicy(block_bytes * num_blocks, block_bytes,
+                                        kPrefaultAheadBlocks * block_bytes, kHugePage);
     std::vector<std::pair<char*, size_t>> pools;
     for (const auto* set : {&k_, &v_})
       for (const torch::Tensor& t : *set)

@@ -73,7 +73,7 @@ class PagedKvCache {
                             const torch::Tensor& v);
 
   // A step is about to write blocks up to `highest` (-1: none, at the
-  // start): the CPU pools' pages up to kPrefaultAheadBytes past its end get
+  // start): the CPU pools' pages up to kPrefaultAheadBlocks past its end get
   // mapped on the cache's thread (kv_prefault.hpp), so that later steps'
   // first writes there fault no pages in. Returns at once; does nothing off
   // the CPU. StepExecutor calls it (when kv_prefault_enabled()).
@@ -82,14 +82,17 @@ class PagedKvCache {
   void wait_mapped();
   // Bytes of each pool asked to be mapped so far (0: none).
   int64_t mapped_ahead_bytes() const { return prefault_policy_.asked(); }
-  // Per pool (10 blocks of GPT-2 124M in fp32, 21 in bfloat16), rounded up to
-  // whole 2 MiB pages: the next page of each pool is mapped once the blocks
-  // written come within this of its start. Served on the Xeon, 2 MiB pages,
-  // 40 requests at 1 req/s, three rounds alternating: median TTFT 298, 278,
-  // 279 ms at 512 KiB, 319, 304, 291 at 4 MiB, 361, 319, 328 without; the
-  // process's peak RSS 1308-1318 MiB, 1414 and 1325-1327
+  // Blocks written ahead of which the pools are mapped (per pool, rounded
+  // up to whole 2 MiB pages: the next page of each pool is mapped once the
+  // blocks written come within this many of its start): 160 tokens, 480 KiB
+  // of each pool of GPT-2 124M in fp32, 240 KiB in bfloat16. Served on the
+  // Xeon (fp32, 2 MiB pages, 40 requests at 1 req/s, three rounds
+  // alternating): median TTFT 298, 278, 279 ms at 512 KiB ahead, 319, 304,
+  // 291 at 4 MiB, 361, 319, 328 without; peak RSS 1308-1318 MiB, 1414 and
+  // 1325-1327. Counted in blocks, not bytes, so that a bfloat16 pool maps no
+  // further ahead in tokens, nor holds more unused at the end of a run
   // (docs/notes/2026-12-06-kv-prefault.md).
-  static constexpr int64_t kPrefaultAheadBytes = int64_t{512} << 10;
+  static constexpr int64_t kPrefaultAheadBlocks = 10;
 
  private:
   Gpt2Config config_;

@@ -45,7 +45,6 @@ StepExecutor::StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttentio
     throw std::invalid_argument("StepExecutor: the KV cache is on " + cache.device().str() +
                                 ", the model on " + model.device().str());
   prefault_ = kv_prefault_enabled();
-  if (prefault_) cache_.map_ahead(-1);  // the first pages, before the first step
 }
 
 void StepExecutor::validate(const std::vector<core::SeqChunk>& chunks) const {

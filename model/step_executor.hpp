@@ -37,7 +37,8 @@ class StepExecutor {
   // trim threshold comes from TROUPE_HEAP_TRIM (core::HeapTrimPolicy; throws
   // std::invalid_argument for a bad value). Unless TROUPE_KV_PREFAULT=0, it
   // has the cache map its pools' pages ahead of the blocks each step writes
-  // (PagedKvCache::map_ahead), starting with the first ones now.
+  // (PagedKvCache::map_ahead); none before the first step, so an idle
+  // worker holds no pool pages.
   StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttention attention = PagedAttention::kAuto);
 
   // The worker's step. forward_ms is the wall time of the whole call. In the

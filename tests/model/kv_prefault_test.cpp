@@ -137,7 +137,7 @@ TEST(PagedKvCache, MapAheadMapsEveryPoolPastTheHighestBlock) {
   const size_t pool = static_cast<size_t>(block * 2048);
   EXPECT_EQ(cache.mapped_ahead_bytes(), 0);
   EXPECT_EQ(resident_bytes(cache.k(0).data_ptr(), pool), 0);  // nothing before it is asked
-  cache.map_ahead(100);                                       // block 100 ends at 4.73 MiB; + 512 KiB: 6 MiB
+  cache.map_ahead(100);  // block 100 ends at 4.73 MiB; + 10 blocks (480 KiB): 6 MiB
   EXPECT_EQ(cache.mapped_ahead_bytes(), 6 * kMiB);
   cache.wait_mapped();
   for (int l = 0; l < cfg.n_layer; ++l) {
