@@ -72,11 +72,12 @@ class PagedKvCache {
   void write_with_torch_ops(int layer, const torch::Tensor& slots, const torch::Tensor& k,
                             const torch::Tensor& v);
 
-  // A step is about to write blocks up to `highest` (-1: none, at the
-  // start): the CPU pools' pages up to kPrefaultAheadBlocks past its end get
-  // mapped on the cache's thread (kv_prefault.hpp), so that later steps'
-  // first writes there fault no pages in. Returns at once; does nothing off
-  // the CPU. StepExecutor calls it (when kv_prefault_enabled()).
+  // A step is about to write blocks up to `highest` (-1: none yet, which
+  // still maps the first pages): the CPU pools' pages up to
+  // kPrefaultAheadBlocks past its end get mapped on the cache's thread
+  // (kv_prefault.hpp), so that later steps' first writes there fault no
+  // pages in. Returns at once; does nothing off the CPU. StepExecutor calls
+  // it for steps that write a block (when kv_prefault_enabled()).
   void map_ahead(int64_t highest);
   // Blocks until the pages asked for are mapped (tests).
   void wait_mapped();

@@ -269,8 +269,9 @@ core::StepResult StepExecutor::execute(const core::StepPlan& plan) {
     for (int64_t b = std::max<int64_t>(c.start_pos, 0) / bs; b < last; ++b)
       highest = std::max<int64_t>(highest, std::min<int64_t>(c.block_table[b], cache_.num_blocks() - 1));
   }
-  // Mapped ahead on the cache's thread while this step runs (kv_prefault.hpp).
-  if (prefault_) cache_.map_ahead(highest);
+  // Mapped ahead on the cache's thread while this step runs (kv_prefault.hpp);
+  // a step that writes no block asks for nothing (an idle worker holds no pool pages).
+  if (prefault_ && highest >= 0) cache_.map_ahead(highest);
   // The step after a large one gives the memory back: before its forward
   // pass, the heap's free pages (the large step's activations, now free); the
   // kernels' scratch at their first call in it; after it, the heap's free
