@@ -10,7 +10,7 @@ sensitivity gives (--cost-scale -/+ --sensitivity %). The grid's fit alone is pr
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 160]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.7,0.85]
                           [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--repeats 3]
-                          [--sensitivity 5] [--out DIR]
+                          [--sensitivity 5] [--kv-prefault 1|all|0] [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
@@ -31,6 +31,7 @@ scripts/setup.sh; name the CPU beside the numbers.
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,6 +63,10 @@ ap.add_argument("--band-from", type=float, default=0.85,
                 help="loads from this one on are near saturation: instead of a point target, the served figure is "
                      "checked against the band that --cost-scale -/+ --sensitivity %% of the out-of-sample "
                      "prediction gives (issue 33)")
+ap.add_argument("--kv-prefault", default="1", choices=["0", "1", "all"],
+                help="the served workers' TROUPE_KV_PREFAULT: 1 (as shipped: KV pages mapped ahead of the blocks in "
+                     "use), all (every pool mapped at start, then waited for: the steady state a long-running "
+                     "server reaches after its first pass over the pool, which the cost profile's steps see), 0")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -95,11 +100,31 @@ def simulate(rate, tag, cost_scale=1.0):
     return json.load(open(out))
 
 
+def wait_memory_settled(pid, still_s=1.0, timeout_s=120):
+    """Until the process's resident memory grows by < 4 MiB in still_s (its KV pools mapped)."""
+    def rss_kib():
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+    start, last = time.time(), rss_kib()
+    while time.time() - start < timeout_s:
+        time.sleep(still_s)
+        now = rss_kib()
+        if now - last < 4096:
+            return now
+        last = now
+    raise SystemExit(f"the head's memory did not settle in {timeout_s} s")
+
+
 def measure(rate, tag):
     head = procs.Head(T, a.model, work, tag, ["--workers", str(a.workers), "--threads-per-worker", str(threads),
                                                "--num-blocks", str(a.num_blocks),
-                                               "--step-log", str(work / f"steps-{tag}.jsonl")])
+                                               "--step-log", str(work / f"steps-{tag}.jsonl")],
+                      env={"TROUPE_KV_PREFAULT": a.kv_prefault})
     try:
+        if a.kv_prefault == "all":
+            log(f"{tag}: KV pools mapped, head resident {wait_memory_settled(head.p.pid) / 1024:.0f} MiB")
         before = head.status()["workers"]
         out = work / f"bench-{tag}.json"
         run([T, "bench", "--to", head.to] + workload + ["--request-rate", str(rate), "--json", str(out)])
@@ -208,7 +233,8 @@ for i, load in enumerate(loads):
 
 print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
       f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
-      f"Poisson, seed {a.seed}; measured = mean (min-max) of {a.repeats} served runs")
+      f"Poisson, seed {a.seed}; measured = mean (min-max) of {a.repeats} served runs; "
+      f"TROUPE_KV_PREFAULT={a.kv_prefault}")
 print("| load (of capacity) | rate req/s | metric | measured (serve + bench) | simulated | error | target |")
 print("|---|---:|---|---:|---:|---:|---|")
 for label, rate, name, mean, lo, hi, sim, err, target, band in rows + calibrated_rows:

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   try {
     troupe::core::HeapTrimPolicy::min_tokens_from(std::getenv("TROUPE_HEAP_TRIM"));
     troupe::model::kernel_team_enabled();  // TROUPE_KERNEL_TEAM: read by the first forward pass
-    troupe::model::kv_prefault_enabled();  // TROUPE_KV_PREFAULT: read by each StepExecutor
+    troupe::model::kv_prefault_mode();     // TROUPE_KV_PREFAULT: read by each StepExecutor
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;

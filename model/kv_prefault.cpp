@@ -11,19 +11,20 @@
 
 namespace troupe::model {
 
-bool kv_prefault_from(const char* value) {
+KvPrefault kv_prefault_from(const char* value) {
   const std::string s = value ? value : "1";
-  if (s != "0" && s != "1")
-    throw std::invalid_argument(
-        "TROUPE_KV_PREFAULT must be 0 (pages fault in at their first write) or 1 (mapped "
-        "ahead of the blocks in use), got '" +
-        s + "'");
-  return s == "1";
+  if (s == "1") return KvPrefault::kAhead;
+  if (s == "0") return KvPrefault::kOff;
+  if (s == "all") return KvPrefault::kWhole;
+  throw std::invalid_argument(
+      "TROUPE_KV_PREFAULT must be 0 (pages fault in at their first write), 1 (mapped ahead of the "
+      "blocks in use) or all (every pool mapped when the worker starts), got '" +
+      s + "'");
 }
 
-bool kv_prefault_enabled() {
-  static const bool on = kv_prefault_from(std::getenv("TROUPE_KV_PREFAULT"));
-  return on;
+KvPrefault kv_prefault_mode() {
+  static const KvPrefault mode = kv_prefault_from(std::getenv("TROUPE_KV_PREFAULT"));
+  return mode;
 }
 
 KvPrefaultPolicy::KvPrefaultPolicy(int64_t pool_bytes, int64_t block_bytes, int64_t ahead_bytes,

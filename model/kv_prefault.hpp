@@ -18,7 +18,11 @@
 // (PagePrefaulter: madvise(MADV_POPULATE_WRITE), which maps pages without
 // writing them, so it may run while steps write the blocks before it).
 // Resident memory still follows use, plus the pages ahead. TROUPE_KV_PREFAULT=0
-// turns it off (for measuring).
+// turns it off (for measuring); TROUPE_KV_PREFAULT=all maps every pool whole
+// when the worker starts instead (resident memory is then --kv-memory from
+// the start, as a server that allocates its KV cache up front holds it, and
+// no step ever meets a new page: on the Xeon VM, where memory the guest has
+// not used lately is first written at ~330 MB/s, a 2.4 GiB pool takes ~7 s).
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +33,18 @@
 
 namespace troupe::model {
 
-// TROUPE_KV_PREFAULT: unset or "1" -> true, "0" -> false; anything else
-// throws std::invalid_argument naming the variable (troupe refuses to start).
-bool kv_prefault_from(const char* value);
+enum class KvPrefault {
+  kOff,    // pages fault in at their first write
+  kAhead,  // mapped ahead of the blocks written (the default)
+  kWhole,  // every pool mapped whole when the worker starts
+};
+
+// TROUPE_KV_PREFAULT: unset or "1" -> kAhead, "0" -> kOff, "all" -> kWhole;
+// anything else throws std::invalid_argument naming the variable (troupe
+// refuses to start).
+KvPrefault kv_prefault_from(const char* value);
 // The process's setting (read once).
-bool kv_prefault_enabled();
+KvPrefault kv_prefault_mode();
 
 // How much of each pool should be mapped (functional core of
 // PagedKvCache::map_ahead). A pool holds block b in bytes

@@ -114,6 +114,8 @@ void PagedKvCache::wait_mapped() {
   if (prefaulter_) prefaulter_->wait();
 }
 
+void PagedKvCache::map_whole() { map_ahead(num_blocks_ - 1); }  // the last block: every pool to its end
+
 int64_t PagedKvCache::bytes_per_block(const Gpt2Config& config, int64_t block_size, KvDtype dtype) {
   if (block_size < 1)
     throw std::invalid_argument("PagedKvCache: block_size must be >= 1, got " + std::to_string(block_size));

@@ -77,10 +77,18 @@ class PagedKvCache {
   // kPrefaultAheadBlocks past its end get mapped on the cache's thread
   // (kv_prefault.hpp), so that later steps' first writes there fault no
   // pages in. Returns at once; does nothing off the CPU. StepExecutor calls
-  // it for steps that write a block (when kv_prefault_enabled()).
+  // it for steps that write a block (TROUPE_KV_PREFAULT unset or 1).
   void map_ahead(int64_t highest);
   // Blocks until the pages asked for are mapped (tests).
   void wait_mapped();
+  // Starts mapping every CPU pool whole on the cache's thread and returns at
+  // once (TROUPE_KV_PREFAULT=all: StepExecutor, when the worker starts; not
+  // waited for, so that a worker's first step, whose deadline the head counts
+  // from when it sends the plan, is not held up by it). Steps meanwhile fault
+  // in what they write first; later map_ahead() calls ask for nothing. Where
+  // the kernel cannot populate (before Linux 5.14) the pages fault in at
+  // their first write, as without it.
+  void map_whole();
   // Bytes of each pool asked to be mapped so far (0: none).
   int64_t mapped_ahead_bytes() const { return prefault_policy_.asked(); }
   // Blocks written ahead of which the pools are mapped (per pool, rounded

@@ -95,7 +95,7 @@ class StepExecutor {
   core::SequenceTable table_;
   int64_t score_rows_per_call_ = 128;
   core::HeapTrimPolicy heap_trim_;
-  bool prefault_ = false;  // kv_prefault_enabled(): map the KV pools ahead of the blocks written
+  bool prefault_ = false;  // TROUPE_KV_PREFAULT unset or 1: map the KV pools ahead of the blocks written
   int64_t heap_releases_ = 0;
 };
 

@@ -36,11 +36,12 @@ bool kernel_populates() {
 #endif
 }
 
-TEST(KvPrefault, TheSettingIsZeroOrOne) {
-  EXPECT_TRUE(kv_prefault_from(nullptr));
-  EXPECT_TRUE(kv_prefault_from("1"));
-  EXPECT_FALSE(kv_prefault_from("0"));
-  for (const char* bad : {"", "2", "on", "yes", " 1"}) {
+TEST(KvPrefault, TheSettingIsZeroOneOrAll) {
+  EXPECT_EQ(kv_prefault_from(nullptr), KvPrefault::kAhead);
+  EXPECT_EQ(kv_prefault_from("1"), KvPrefault::kAhead);
+  EXPECT_EQ(kv_prefault_from("0"), KvPrefault::kOff);
+  EXPECT_EQ(kv_prefault_from("all"), KvPrefault::kWhole);
+  for (const char* bad : {"", "2", "on", "yes", " 1", "ALL", "all "}) {
     try {
       kv_prefault_from(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -150,6 +151,28 @@ TEST(PagedKvCache, MapAheadMapsEveryPoolPastTheHighestBlock) {
   cache.map_ahead(50);  // lower: nothing new
   EXPECT_EQ(cache.mapped_ahead_bytes(), 6 * kMiB);
   cache.map_ahead(2047);  // the last block: the whole pool
+  EXPECT_EQ(cache.mapped_ahead_bytes(), static_cast<int64_t>(pool));
+}
+
+// TROUPE_KV_PREFAULT=all: every pool resident, to its last byte, once what
+// map_whole() asked for is done; the contents still zero; map_ahead asks for
+// nothing after.
+TEST(PagedKvCache, MapWholeMapsEveryPoolToItsEnd) {
+  if (!kernel_populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)";
+  const Gpt2Config cfg = Gpt2Config::preset("gpt2");
+  PagedKvCache cache(cfg, 100, 16, torch::kCPU, KvDtype::kBFloat16);  // 2.34 MiB a pool: not whole pages
+  const size_t pool = static_cast<size_t>(cfg.n_head * 16 * cfg.head_dim() * 2 * 100);
+  EXPECT_EQ(resident_bytes(cache.v(cfg.n_layer - 1).data_ptr(), pool), 0);
+  cache.map_whole();
+  EXPECT_EQ(cache.mapped_ahead_bytes(), static_cast<int64_t>(pool));
+  cache.wait_mapped();
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    for (const torch::Tensor* t : {&cache.k(l), &cache.v(l)}) {
+      EXPECT_EQ(resident_bytes(t->data_ptr(), pool), static_cast<int64_t>(pool)) << "layer " << l;
+      EXPECT_EQ(t->abs().max().item<float>(), 0.0f) << "layer " << l;
+    }
+  }
+  cache.map_ahead(0);
   EXPECT_EQ(cache.mapped_ahead_bytes(), static_cast<int64_t>(pool));
 }
 
