@@ -65,7 +65,7 @@ void drop_pages(const unsigned char* begin, const unsigned char* end) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
-// The storage context of a map() or map_float() tensor: its bytes and the mapping they
+// The storage context of a map() tensor: its bytes and the mapping they
 // live in. Its deleter is how release_mapped_pages() knows such a tensor.
 struct MappedBytes {
   std::shared_ptr<const void> mapping;
@@ -266,12 +266,6 @@ torch::Tensor SafetensorsFile::map(const std::string& name) const {
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), /*allocator=*/nullptr,
                        /*resizable=*/false);
   return torch::empty({0}, raw).set_(storage, 0, e.shape, c10::contiguous_strides(e.shape));
-}
-
-torch::Tensor SafetensorsFile::map_float(const std::string& name) const {
-  const SafetensorsEntry& e = entry(name);
-  if (e.dtype != "F32") return to_float(name);
-  return map(name);
 }
 
 void write_safetensors(const std::string& path,

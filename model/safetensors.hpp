@@ -47,19 +47,16 @@ class SafetensorsFile {
   // The same copy in the file's own dtype (F32, F16 or BF16 as float, half,
   // bfloat16), not converted.
   torch::Tensor copy(const std::string& name) const;
-  // An fp32 tensor over the mapped bytes themselves, without a copy, for F32
-  // data aligned for floats (else to_float's copy). Read-only memory: writing
-  // to it faults. It keeps the mapping alive; when its storage is freed, or
-  // release_mapped_pages() is called on it, its pages leave this process's
-  // resident memory (the page cache keeps them). So a loader that packs one
-  // matrix at a time holds one matrix of the file, not the whole file. The
-  // file must not be truncated in place while such a tensor lives (troupe
-  // writes model files to a temporary name and renames it).
-  torch::Tensor map_float(const std::string& name) const;
-  // map_float's tensor in the file's own dtype: F32, F16 or BF16 data over the
-  // mapped bytes (a float, half or bfloat16 tensor; copy()'s where the bytes
-  // are not aligned for it), so that 16-bit weights stay 16-bit until their
-  // reader converts them. The same rules for the mapping as map_float's.
+  // A tensor over the mapped bytes themselves, without a copy, in the file's
+  // own dtype: F32, F16 or BF16 data as a float, half or bfloat16 tensor (so
+  // that 16-bit weights stay 16-bit until their reader converts them);
+  // copy()'s where the bytes are not aligned for that type. Read-only memory:
+  // writing to it faults. It keeps the mapping alive; when its storage is
+  // freed, or release_mapped_pages() is called on it, its pages leave this
+  // process's resident memory (the page cache keeps them). So a loader that
+  // packs one matrix at a time holds one matrix of the file, not the whole
+  // file. The file must not be truncated in place while such a tensor lives
+  // (troupe writes model files to a temporary name and renames it).
   torch::Tensor map(const std::string& name) const;
 
  private:
@@ -71,7 +68,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Drops the resident pages under a tensor of map() or map_float(), or a view of one
+// Drops the resident pages under a tensor of map(), or a view of one
 // (the pages wholly inside the bytes it spans; a later read faults them back
 // from the page cache): for a caller that has read or copied it and keeps it.
 // Does nothing for any other tensor. Never changes what the tensor reads.

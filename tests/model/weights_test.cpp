@@ -149,7 +149,7 @@ TEST(Weights, LoadRoundTripWithAndWithoutPrefix) {
   const Gpt2Weights w = Gpt2Weights::random(c, 3);
   write_safetensors(dir.file("plain.safetensors"), w.named());
   expect_same(w, Gpt2Weights::load(dir.file("plain.safetensors"), c));
-  // The matrices are read from the mapped file (map_float), in pieces when hashed.
+  // The matrices are read from the mapped file (SafetensorsFile::map), in pieces when hashed.
   EXPECT_EQ(fingerprint(c, Gpt2Weights::load(dir.file("plain.safetensors"), c)), fingerprint(c, w));
 
   // GPT2LMHeadModel's names: "transformer." prefix, lm_head.weight, attn.bias buffers.
