@@ -18,11 +18,12 @@
 // (PagePrefaulter: madvise(MADV_POPULATE_WRITE), which maps pages without
 // writing them, so it may run while steps write the blocks before it).
 // Resident memory still follows use, plus the pages ahead. TROUPE_KV_PREFAULT=0
-// turns it off (for measuring); TROUPE_KV_PREFAULT=all maps every pool whole
-// when the worker starts instead (resident memory is then --kv-memory from
-// the start, as a server that allocates its KV cache up front holds it, and
-// no step ever meets a new page: on the Xeon VM, where memory the guest has
-// not used lately is first written at ~330 MB/s, a 2.4 GiB pool takes ~7 s).
+// turns it off (for measuring); TROUPE_KV_PREFAULT=all starts mapping every
+// pool whole when the worker starts instead, on the same thread (resident
+// memory is then --kv-memory within seconds of the start, as a server that
+// allocates its KV cache up front holds it, and once it is done no step meets
+// a new page; on the Xeon VM, where memory the guest has not used lately is
+// first written at ~330 MB/s, a 2.4 GiB pool takes ~7 s).
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>

@@ -44,8 +44,12 @@ StepExecutor::StepExecutor(const Gpt2& model, PagedKvCache& cache, PagedAttentio
   if (cache.device() != model.device())
     throw std::invalid_argument("StepExecutor: the KV cache is on " + cache.device().str() +
                                 ", the model on " + model.device().str());
-  prefault_ = kv_prefault_mode() == KvPrefault::kAhead;
-  if (kv_prefault_mode() == KvPrefault::kWhole) cache_.map_whole();
+  set_kv_prefault(kv_prefault_mode());
+}
+
+void StepExecutor::set_kv_prefault(KvPrefault mode) {
+  prefault_ = mode == KvPrefault::kAhead;
+  if (mode == KvPrefault::kWhole) cache_.map_whole();
 }
 
 void StepExecutor::validate(const std::vector<core::SeqChunk>& chunks) const {

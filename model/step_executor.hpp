@@ -80,8 +80,10 @@ class StepExecutor {
   const core::SequenceTable& sequences() const { return table_; }
   // execute()'s HeapTrimPolicy threshold (tokens a step; 0: never release).
   void set_heap_trim_tokens(int64_t min_tokens) { heap_trim_ = core::HeapTrimPolicy(min_tokens); }
-  // Tests: whether steps map the KV pools ahead (the process's TROUPE_KV_PREFAULT otherwise).
-  void set_kv_prefault(bool on) { prefault_ = on; }
+  // How the KV pools get mapped (the constructor applies the process's
+  // TROUPE_KV_PREFAULT; tests set others): kAhead, steps map them ahead of
+  // the blocks they write; kWhole, the cache starts mapping every pool now.
+  void set_kv_prefault(KvPrefault mode);
   // How often execute() released the free heap.
   int64_t heap_releases() const { return heap_releases_; }
   // Prompt rows whose logits exist at once (default 128: [128, 50257] fp32

@@ -57,6 +57,20 @@ inline int64_t resident_bytes(const void* p, size_t bytes) {
   return n * static_cast<int64_t>(page);
 }
 
+// Whether this kernel maps pages on MADV_POPULATE_WRITE (Linux >= 5.14).
+inline bool kernel_populates() {
+#ifdef MADV_POPULATE_WRITE
+  const size_t len = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return false;
+  const bool ok = madvise(m, len, MADV_POPULATE_WRITE) == 0;
+  munmap(m, len);
+  return ok;
+#else
+  return false;
+#endif
+}
+
 // A fresh folder under the system temp dir, removed when the object dies.
 class TempDir {
  public:

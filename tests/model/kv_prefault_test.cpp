@@ -20,21 +20,8 @@ namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
+using test::kernel_populates;
 using test::resident_bytes;
-
-// Whether this kernel maps pages on MADV_POPULATE_WRITE (Linux >= 5.14).
-bool kernel_populates() {
-#ifdef MADV_POPULATE_WRITE
-  const size_t len = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return false;
-  const bool ok = madvise(m, len, MADV_POPULATE_WRITE) == 0;
-  munmap(m, len);
-  return ok;
-#else
-  return false;
-#endif
-}
 
 TEST(KvPrefault, TheSettingIsZeroOneOrAll) {
   EXPECT_EQ(kv_prefault_from(nullptr), KvPrefault::kAhead);

@@ -472,7 +472,7 @@ TEST(StepExecutor, MapsTheKvPoolsAheadOfTheBlocksItWrites) {
   auto drive = [&](bool prefault, std::vector<int64_t>& asked) {
     PagedKvCache cache(t.cfg, kBlocks, kBlockSize);
     StepExecutor ex(t.model, cache);
-    ex.set_kv_prefault(prefault);
+    ex.set_kv_prefault(prefault ? KvPrefault::kAhead : KvPrefault::kOff);
     asked.push_back(cache.mapped_ahead_bytes());
     Script s = make(1, "Blocks far into the pool", 6, 0, greedy());
     const int32_t n = static_cast<int32_t>(s.prompt_len);
@@ -508,6 +508,44 @@ TEST(StepExecutor, MapsTheKvPoolsAheadOfTheBlocksItWrites) {
   EXPECT_EQ(on.back(), 10 * kMiB);
   EXPECT_TRUE(std::is_sorted(on.begin(), on.end()));
   EXPECT_EQ(off, std::vector<int64_t>(off.size(), 0));
+}
+
+// TROUPE_KV_PREFAULT=all: the executor has the cache map every pool whole
+// at once (not waiting for it); steps then ask for nothing more, and give the
+// same tokens.
+TEST(StepExecutor, WholeMappingMapsEveryPoolBeforeAnyStep) {
+  const auto& t = tiny();
+  constexpr int64_t kBlocks = 4096;
+  PagedKvCache cache(t.cfg, kBlocks, kBlockSize);
+  const int64_t pool = PagedKvCache::bytes_per_block(t.cfg, kBlockSize) / (2 * t.cfg.n_layer) * kBlocks;
+  StepExecutor ex(t.model, cache);
+  ex.set_kv_prefault(KvPrefault::kOff);
+  EXPECT_EQ(cache.mapped_ahead_bytes(), 0);
+  ex.set_kv_prefault(KvPrefault::kWhole);
+  EXPECT_EQ(cache.mapped_ahead_bytes(), pool);
+  cache.wait_mapped();
+  if (test::kernel_populates()) {
+    for (int l = 0; l < t.cfg.n_layer; ++l)
+      EXPECT_EQ(test::resident_bytes(cache.k(l).data_ptr(), static_cast<size_t>(pool)), pool)
+          << "layer " << l;
+  }
+  Script s = make(1, "Whole pools", 4, 0, greedy());
+  std::vector<int32_t> blocks;
+  for (int32_t b = 0; b * kBlockSize < static_cast<int32_t>(s.prompt_len) + 4; ++b)
+    blocks.push_back(4000 + b);
+  auto r = ex.execute(prefill_plan(s, blocks));
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  std::vector<int32_t> got{r.outputs.at(0).token.id};
+  for (int32_t k = 1; k < 4; ++k) {
+    StepPlan p;
+    p.step_id = 1 + static_cast<uint64_t>(k);
+    p.work.push_back({1, static_cast<int32_t>(s.prompt_len) + k - 1, 1, {}, true});
+    r = ex.execute(p);
+    ASSERT_TRUE(r.error.empty() && r.failures.empty()) << r.error;
+    got.push_back(r.outputs.at(0).token.id);
+  }
+  EXPECT_EQ(got, reference(s));
+  EXPECT_EQ(cache.mapped_ahead_bytes(), pool);
 }
 
 TEST(StepExecutor, DeltaPlansDriveTheSequenceTableAndMatchGenerate) {
