@@ -103,10 +103,7 @@ def simulate(rate, tag, cost_scale=1.0):
 def wait_memory_settled(pid, still_s=1.0, timeout_s=120):
     """Until the process's resident memory grows by < 4 MiB in still_s (its KV pools mapped)."""
     def rss_kib():
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
+        return procs.status_kib(pid, "VmRSS") or 0
     start, last = time.time(), rss_kib()
     while time.time() - start < timeout_s:
         time.sleep(still_s)

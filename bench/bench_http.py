@@ -120,13 +120,8 @@ class Troupe:
 
 def peak_rss_mb(pid):
     """VmHWM of a live process, MB (1e6 bytes); None when unreadable."""
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / 1e6
-    except OSError:
-        pass
-    return None
+    kib = procs.status_kib(pid, "VmHWM")
+    return None if kib is None else kib * 1024 / 1e6
 
 
 class LlamaServer:

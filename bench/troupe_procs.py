@@ -41,6 +41,17 @@ def cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def status_kib(pid, field):
+    """A /proc/PID/status field in KiB (VmRSS, VmHWM, ...); None when the process or the field is gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 class Head:
     """`troupe serve` with `extra` flags; waits until `workers` workers have joined (default: --workers N)."""
 
