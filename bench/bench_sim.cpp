@@ -50,6 +50,7 @@ sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t work
   }
   o.sample_interval_ns = 10'000'000'000;
   o.tables_on_thread = tables_on_thread();
+  o.parallel = tables_on_thread() && !std::getenv("TROUPE_SIM_SERIAL");  // (set: the serial run, to compare)
   return o;
 }
 

@@ -226,7 +226,9 @@ sim::SimOptions sim_options(const SimulateFlags& f, Setup& s, const sim::Cluster
   o.prompts.seed = f.seed;
   o.seed = f.seed;
   o.worker_tables = !f.no_worker_tables;
-  o.tables_on_thread = model::usable_cpus() >= 2;  // a second CPU checks the plans (same result)
+  // A second CPU runs half the workers' events, or checks the plans when the
+  // run cannot be split (the same result either way).
+  o.tables_on_thread = o.parallel = model::usable_cpus() >= 2;
   if (f.overlong != "clip" && f.overlong != "fail")
     throw std::invalid_argument("--overlong must be clip or fail, got '" + f.overlong + "'");
   o.overlong = f.overlong == "clip" ? sim::OverlongPolicy::kClip : sim::OverlongPolicy::kFail;

@@ -18,6 +18,7 @@ struct Batcher::Worker {
   int64_t oldest_since = 0;       // when the oldest step in flight became the oldest
   size_t index = 0;               // in order_ and board_
   int32_t fit_class = 0;          // in fit_classes_
+  Lane* lane = nullptr;           // while a lane call runs on it: where its root changes go
   int32_t load() const { return sched->num_running() + sched->num_waiting(); }
 };
 
@@ -136,13 +137,8 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
   } catch (const std::invalid_argument& e) {
     return "worker " + std::to_string(spec.id) + ": " + e.what();
   }
-  const int32_t bs = spec.scheduler.block_size;
-  w->sched->set_root_observer([index = roots_.get(), id = spec.id, bs](const int32_t* tokens, bool cached) {
-    if (cached)
-      index->add(id, tokens, bs);
-    else
-      index->remove(id, tokens, bs);
-  });
+  w->sched->set_root_observer(
+      [this, wp = w.get()](const int32_t* tokens, bool cached) { root_changed(*wp, tokens, cached); });
   auto cls = std::find_if(fit_classes_.begin(), fit_classes_.end(),
                           [&](const SchedulerOptions& o) { return same_fit(o, spec.scheduler); });
   if (cls == fit_classes_.end()) cls = fit_classes_.insert(fit_classes_.end(), spec.scheduler);
@@ -152,18 +148,37 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
   return std::nullopt;
 }
 
-void Batcher::collect(Worker& w) {
-  w.sched->take_events(collected_);
-  for (const RequestEvent& ev : collected_) {
-    if (ev.kind == EventKind::kToken) ++w.tokens_generated;
-    if (ev.finished()) where_.erase(ev.request_id);
-  }
-  if (events_.empty()) {
-    events_.swap(collected_);  // the usual case: one worker's step since the last take_events()
+void Batcher::root_changed(Worker& w, const int32_t* tokens, bool cached) {
+  const int32_t bs = w.spec.scheduler.block_size;
+  if (w.lane == nullptr) {
+    if (cached)
+      roots_->add(w.spec.id, tokens, bs);
+    else
+      roots_->remove(w.spec.id, tokens, bs);
     return;
   }
-  events_.insert(events_.end(), std::make_move_iterator(collected_.begin()),
-                 std::make_move_iterator(collected_.end()));
+  Lane& l = *w.lane;
+  l.roots_.push_back({w.spec.id, cached, bs, l.root_tokens_.size()});
+  l.root_tokens_.insert(l.root_tokens_.end(), tokens, tokens + bs);
+}
+
+void Batcher::collect(Worker& w, Lane* lane) {
+  std::vector<RequestEvent>& got = lane ? lane->collected_ : collected_;
+  std::vector<RequestEvent>& to = lane ? lane->events : events_;
+  w.sched->take_events(got);
+  for (const RequestEvent& ev : got) {
+    if (ev.kind == EventKind::kToken) ++w.tokens_generated;
+    if (!ev.finished()) continue;
+    if (lane)
+      lane->finished_.push_back(ev.request_id);
+    else
+      where_.erase(ev.request_id);
+  }
+  if (to.empty()) {
+    to.swap(got);  // the usual case: one worker's step since the last take_events()
+    return;
+  }
+  to.insert(to.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
 }
 
 Batcher::Worker* Batcher::pick(const Request& r) {
@@ -391,6 +406,64 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
     remove_worker(worker, now, WorkerExit::kBroken);
     return why;
   }
+  took_result(w, result, now);
+  collect(w);
+  return std::nullopt;
+}
+
+Batcher::Worker* Batcher::lane_worker(uint64_t id, const char* what) const {
+  if (!unplaced_.empty())
+    throw std::logic_error(std::string("Batcher::") + what + " in a lane: requests wait for a worker");
+  Worker* w = find(id);
+  if (w == nullptr) throw std::logic_error(std::string("Batcher::") + what + " in a lane: unknown worker");
+  return w;
+}
+
+std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult& result, int64_t now,
+                                              Lane& lane) {
+  Worker& w = *lane_worker(worker, "on_result");
+  w.lane = &lane;
+  try {
+    w.sched->on_step_done(result);
+  } catch (const std::invalid_argument& e) {
+    w.lane = nullptr;
+    return "worker " + std::to_string(worker) + " sent a result that does not fit its plan: " + e.what();
+  }
+  w.lane = nullptr;
+  refresh(w);
+  took_result(w, result, now);
+  collect(w, &lane);
+  return std::nullopt;
+}
+
+void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out, Lane& lane) {
+  out.clear();
+  Worker& w = *lane_worker(worker, "schedule");
+  w.lane = &lane;
+  try {
+    plan(worker, w, now, out, &lane);
+  } catch (...) {
+    w.lane = nullptr;
+    throw;
+  }
+  w.lane = nullptr;
+}
+
+void Batcher::merge(Lane& lane) {
+  for (uint64_t id : lane.finished_) where_.erase(id);
+  lane.finished_.clear();
+  for (const Lane::RootChange& c : lane.roots_) {
+    const int32_t* tokens = lane.root_tokens_.data() + c.offset;
+    if (c.cached)
+      roots_->add(c.worker, tokens, c.n);
+    else
+      roots_->remove(c.worker, tokens, c.n);
+  }
+  lane.roots_.clear();
+  lane.root_tokens_.clear();
+}
+
+void Batcher::took_result(Worker& w, const StepResult& result, int64_t now) {
   ++w.steps;
   w.busy_ms += result.forward_ms;
   w.idle_ms += result.idle_ms;
@@ -399,8 +472,6 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
     w.oldest_since = now;  // the next step in flight was queued at the worker: it starts now
     if (w.spec.cost) w.spec.cost->observe(result.step_id, result.forward_ms);
   }
-  collect(w);
-  return std::nullopt;
 }
 
 int64_t Batcher::step_deadline(Worker& w, const StepPlan& plan) const {
@@ -443,7 +514,7 @@ void Batcher::place_unplaced(int64_t now, std::vector<uint64_t>& placed) {
   }
 }
 
-void Batcher::plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out) {
+void Batcher::plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out, Lane* lane) {
   while (w.sched->can_schedule()) {
     StepPlan plan = w.sched->schedule();
     if (plan.empty()) break;
@@ -454,7 +525,7 @@ void Batcher::plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& o
     out.push_back({id, std::move(plan)});
   }
   refresh(w);
-  collect(w);
+  collect(w, lane);
 }
 
 std::vector<Dispatch> Batcher::schedule(int64_t now) {

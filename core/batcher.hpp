@@ -16,7 +16,8 @@
 //
 // No threads, clocks or I/O: time comes in as `now` (nanoseconds, any
 // epoch), so the batcher actor and the discrete-event simulator drive the
-// same code. Not thread-safe.
+// same code. Not thread-safe, but for lanes (below): two threads may each
+// run results and plans of their own workers at once.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -171,6 +172,41 @@ class Batcher {
   // events (no allocation per step for a caller that keeps one vector).
   void take_events(std::vector<RequestEvent>& out);
 
+  // Lanes: on_result and schedule for one worker that leave the state all
+  // workers share alone, so that threads can each drive their own workers at
+  // once (the simulator's parallel run), one lane each. What the calls would
+  // change of the shared state waits in the lane — the events they produce,
+  // the requests that finished, the first blocks the worker cached or evicted
+  // (the prefix-affinity index) — until merge(lane), which the caller makes
+  // while no lane call runs; the events are the caller's to take
+  // (Lane::events) meanwhile. Between merges nothing else may be called but
+  // the lane calls, for distinct workers per lane, and the const queries;
+  // the result is then the same as the plain calls' in any order of the
+  // workers. Lane calls need no request waiting for a worker (they throw
+  // std::logic_error otherwise), and a result that does not fit its plan is
+  // returned as the error without removing the worker (the caller stops).
+  class Lane {
+   public:
+    std::vector<RequestEvent> events;  // produced since the caller last took them, in order
+
+   private:
+    friend class Batcher;
+    struct RootChange {
+      uint64_t worker;
+      bool cached;
+      int32_t n;
+      size_t offset;  // into root_tokens
+    };
+    std::vector<RequestEvent> collected_;  // collect()'s buffer
+    std::vector<uint64_t> finished_;       // requests to forget (where_)
+    std::vector<RootChange> roots_;        // in order, per worker as they happened
+    std::vector<int32_t> root_tokens_;
+  };
+  std::optional<std::string> on_result(uint64_t worker, const StepResult& result, int64_t now, Lane& lane);
+  void schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out, Lane& lane);
+  // Applies what the lane's calls left waiting (its events stay in it).
+  void merge(Lane& lane);
+
   bool has_unfinished() const { return !where_.empty(); }
   int32_t num_unfinished() const { return static_cast<int32_t>(where_.size()); }
   int32_t num_unplaced() const { return static_cast<int32_t>(unplaced_.size()); }
@@ -219,10 +255,18 @@ class Batcher {
   // Places (or fails) the requests waiting for a worker; appends the workers
   // that took one to `placed`.
   void place_unplaced(int64_t now, std::vector<uint64_t>& placed);
-  void plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out);
+  void plan(uint64_t id, Worker& w, int64_t now, std::vector<Dispatch>& out, Lane* lane = nullptr);
   // The deadline of `plan` on w (ns), from w's cost model and the options.
   int64_t step_deadline(Worker& w, const StepPlan& plan) const;
-  void collect(Worker& w);
+  // Takes the worker's events into events_ (or the lane's), forgetting
+  // finished requests (or leaving that to merge()).
+  void collect(Worker& w, Lane* lane = nullptr);
+  // A result taken: the worker's counters and step deadlines.
+  void took_result(Worker& w, const StepResult& result, int64_t now);
+  // Worker w's root observer: to the index, or to the lane of the call that runs.
+  void root_changed(Worker& w, const int32_t* tokens, bool cached);
+  // The lane checks: no unplaced request, a known worker.
+  Worker* lane_worker(uint64_t id, const char* what) const;
 
   BatcherOptions options_;
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration

@@ -51,6 +51,16 @@ class EventQueue {
     heap_.pop();
     return e;
   }
+  // The event pop() would return next; null when there is none.
+  const Event* peek() {
+    if (arrival_next()) {
+      peeked_ = {arrivals_[next_arrival_], EventKind::kArrival, next_arrival_, next_arrival_};
+      return &peeked_;
+    }
+    return heap_.empty() ? nullptr : &heap_.top();
+  }
+  // Listed arrivals not popped yet.
+  size_t arrivals_left() const { return arrivals_.size() - next_arrival_; }
   bool empty() const { return heap_.empty() && next_arrival_ == arrivals_.size(); }
   size_t size() const { return heap_.size() + (arrivals_.size() - next_arrival_); }
   uint64_t pushed() const { return pushed_; }
@@ -73,6 +83,7 @@ class EventQueue {
   std::vector<int64_t> arrivals_;
   uint64_t next_arrival_ = 0;
   uint64_t pushed_ = 0;
+  Event peeked_;  // peek()'s arrival
 };
 
 inline void EventQueue::set_arrivals(std::vector<int64_t> times) {

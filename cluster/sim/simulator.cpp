@@ -1,13 +1,18 @@
 #include "cluster/sim/simulator.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 
 #include "cluster/sim/event_queue.hpp"
 #include "cluster/sim/parse_number.hpp"
@@ -65,6 +70,165 @@ struct Worker {
   }
   // When a message handed to its link at `now` leaves.
   int64_t departs(int64_t now) const { return now >= cut_from && now < cut_until ? cut_until : now; }
+};
+
+// Whether events of this kind belong to one worker (target = its index):
+// a parallel run handles them in that worker's lane.
+constexpr bool worker_event(EventKind k) { return k <= EventKind::kResultArrive; }
+
+// Where events are handled: the main context (every event of a serial run;
+// a parallel run's arrivals and samples) or a lane (a parallel run's
+// workers' own events: steps ending, plans and results arriving). Each has
+// its clock, its buffers and its share of the run's counts.
+struct Ctx {
+  int64_t now = 0;                         // the time of the event being handled; the head's, past its queue
+  int64_t event_time = 0;                  // that event's own time
+  core::Batcher::Lane* lane = nullptr;     // a lane's: its batcher calls go through it
+  std::vector<uint64_t> touched;           // workers whose state changed since they were last planned
+  std::vector<uint64_t> planning;          // head_changed()'s: the touched workers it plans for
+  std::vector<core::Dispatch> plans;       // head_changed()'s, reused
+  std::vector<core::RequestEvent> events;  // drain_events()'s, reused
+  // Counts, summed over the contexts (a lane's own, while it runs).
+  int64_t handled = 0;   // events
+  int64_t pending = 0;   // work events pushed minus handled
+  int64_t finished = 0;  // requests
+  int64_t outstanding = 0;
+  int64_t owned = 0;  // a lane's: requests on its workers not finished
+  int64_t tokens_in_interval = 0;
+  int32_t finished_in_interval = 0;
+};
+
+// A parallel run's lane: the workers whose index is its index modulo the
+// lanes, their events' queue, and what its batcher calls leave for the merge.
+struct Lane {
+  Ctx ctx;
+  core::Batcher::Lane batcher;
+  EventQueue queue;
+  bool stopped = false;  // at its last request (run_lane's `last`)
+  Event last_finish;     // the event that finished its last request then
+  Event last_handled;
+  // With the tables put off (Simulation::tables_later_): the plans its
+  // workers started, not yet checked by their tables, oldest first, checked
+  // by the lane's own thread when it has nothing else to do.
+  std::deque<std::pair<size_t, core::StepPlan>> unchecked;  // (worker index, plan)
+  core::PreparedStep prepared;
+  std::vector<core::SeqOutput> outputs;
+  bool refused = false;  // a table refused an item
+};
+
+// Spins until `ready` holds: a phase is tens of microseconds of work, which
+// a sleep and a wake-up would cost as much as.
+template <typename Ready>
+void spin_until(const Ready& ready) {
+  for (uint32_t spins = 0; !ready(); ++spins) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (spins > 4096) std::this_thread::yield();  // the other side is not running: give it the CPU
+  }
+}
+
+// Prompts of the arrivals to come, built ahead by whichever thread has
+// nothing else to do (a lane's thread between phases, the main one while it
+// waits for the other lane): a prompt is microseconds that the run's serial
+// part, the arrival, would otherwise spend. Arrivals take them in order.
+class PromptsAhead {
+ public:
+  PromptsAhead(size_t n, std::function<std::vector<int32_t>(size_t)> build)
+      : n_(n), build_(std::move(build)) {}
+  // Builds the next prompt due, if a slot is free for it; false when there
+  // was nothing to do.
+  bool build_one() {
+    size_t i = claimed_.load(std::memory_order_acquire);
+    if (i >= n_ || i >= taken_.load(std::memory_order_acquire) + kAhead) return false;
+    if (!claimed_.compare_exchange_strong(i, i + 1, std::memory_order_acq_rel))
+      return true;  // another took it
+    Slot& s = slots_[i % kAhead];
+    s.tokens = build_(i);
+    s.ready.store(static_cast<int64_t>(i), std::memory_order_release);
+    return true;
+  }
+  // Prompt i, the next one in order: built ahead, or built now.
+  std::vector<int32_t> take(size_t i) {
+    if (i != taken_.load(std::memory_order_relaxed)) throw std::logic_error("PromptsAhead: out of order");
+    size_t c = i;
+    std::vector<int32_t> tokens;
+    if (claimed_.compare_exchange_strong(c, i + 1, std::memory_order_acq_rel)) {
+      tokens = build_(i);  // nobody had started it
+    } else {
+      Slot& s = slots_[i % kAhead];
+      spin_until([&] { return s.ready.load(std::memory_order_acquire) == static_cast<int64_t>(i); });
+      tokens = std::move(s.tokens);
+    }
+    taken_.store(i + 1, std::memory_order_release);
+    return tokens;
+  }
+
+ private:
+  static constexpr size_t kAhead = 16;
+  struct Slot {
+    std::atomic<int64_t> ready{-1};  // the index whose prompt it holds
+    std::vector<int32_t> tokens;
+  };
+  const size_t n_;
+  std::function<std::vector<int32_t>(size_t)> build_;
+  std::array<Slot, kAhead> slots_;
+  std::atomic<size_t> claimed_{0};  // the next index to build
+  std::atomic<size_t> taken_{0};    // prompts taken: the slots of those below are free
+};
+
+// Runs `work` on a thread of its own each time it is asked to, and `idle`
+// while it waits (until that says there is nothing to do).
+class PhaseThread {
+ public:
+  PhaseThread(std::function<void()> work, std::function<bool()> idle)
+      : work_(std::move(work)), idle_(std::move(idle)), thread_([this] { loop(); }) {}
+  ~PhaseThread() {
+    quit_.store(true, std::memory_order_release);
+    thread_.join();
+  }
+  PhaseThread(const PhaseThread&) = delete;
+  PhaseThread& operator=(const PhaseThread&) = delete;
+  void start() { asked_.store(asked_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  // Waits for the work asked for, running `idle` meanwhile; rethrows what it threw.
+  void wait(const std::function<bool()>& idle) {
+    const uint64_t n = asked_.load(std::memory_order_relaxed);
+    bool busy = true;
+    spin_until([&] {
+      if (done_.load(std::memory_order_acquire) == n) return true;
+      busy = busy && idle();
+      return false;
+    });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      bool busy = true;
+      spin_until([&] {
+        if (asked_.load(std::memory_order_acquire) != seen || quit_.load(std::memory_order_acquire))
+          return true;
+        busy = busy && idle_();
+        return false;
+      });
+      if (asked_.load(std::memory_order_acquire) == seen) return;  // quit, nothing asked
+      seen = asked_.load(std::memory_order_acquire);
+      try {
+        work_();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      done_.store(seen, std::memory_order_release);
+    }
+  }
+  std::function<void()> work_;
+  std::function<bool()> idle_;
+  std::atomic<uint64_t> asked_{0}, done_{0};
+  std::atomic<bool> quit_{false};
+  std::exception_ptr error_;  // written by the thread before done_ moves
+  std::thread thread_;
 };
 
 // Faults after which a worker may join that a later fault can name: an add,
@@ -134,7 +298,7 @@ class Simulation {
       arrivals[i] = r.arrival_ns;
     }
     events_.set_arrivals(std::move(arrivals));  // request i's arrival targets i
-    pending_work_events_ = static_cast<int64_t>(n);
+    m_.pending = static_cast<int64_t>(n);
     state_.assign(n, 0);
     if (!o.faults.empty()) {
       if (o.watchdog_interval_ns < 1) throw std::invalid_argument("simulation: watchdog_interval_ns must be >= 1");
@@ -164,6 +328,18 @@ class Simulation {
       result_.affected.assign(n, 0);
     }
     if (o.sample_interval_ns > 0) events_.push(o.sample_interval_ns, EventKind::kSample, 0);
+    // Lanes where no event of one worker's reaches another's state but
+    // through placement (an arrival, handled between the lanes' phases):
+    // no faults, no concurrency limit, a free head, no step log.
+    if (o.parallel && workers_.size() >= 2 && o.faults.empty() && o.max_concurrency == 0 && !head_costs_ &&
+        !o.step_log && !o.schedule_all_workers) {
+      lanes_ = std::vector<Lane>(2);
+      for (Lane& l : lanes_) l.ctx.lane = &l.batcher;
+      // The tables: put off to each lane's idle moments where the caller
+      // takes a refusal as a reason to run again (tables_on_thread), else in line.
+      tables_later_ = o.worker_tables && tables_on_thread;
+      return;
+    }
     if (o.worker_tables && tables_on_thread) {
       std::vector<core::SequenceTableOptions> tables;
       for (const SimWorkerSpec& x : o.workers) tables.push_back(table_options(x));
@@ -177,58 +353,17 @@ class Simulation {
 
   SimResult run() {
     const int64_t total = static_cast<int64_t>(workload_.size());
-    while (finished_ < total) {
-      if (events_.empty() || only_samples_left()) {
-        throw std::logic_error("simulation stalled at " + std::to_string(now_) + " ns with " +
-                               std::to_string(total - finished_) + " requests unfinished");
-      }
-      const Event e = events_.pop();
-      now_ = event_time_ = e.time;
-      ++result_.events;
-      // A head with a cost is one server: its events wait for it, in order.
-      const bool at_head = head_costs_ && e.kind != EventKind::kStepDone && e.kind != EventKind::kPlanArrive &&
-                           e.kind != EventKind::kSample;
-      if (at_head && head_free_ > now_) {
-        result_.head_max_wait_ns = std::max(result_.head_max_wait_ns, head_free_ - now_);
-        now_ = head_free_;
-      }
-      switch (e.kind) {
-        case EventKind::kStepDone:
-          step_done(workers_[e.target]);
-          break;
-        case EventKind::kPlanArrive:
-          plan_arrives(workers_[e.target]);
-          break;
-        case EventKind::kResultArrive:
-          result_arrives(workers_[e.target]);
-          break;
-        case EventKind::kDeadline:
-          if (deadline_ && *deadline_ == event_time_) deadline_.reset();
-          head_changed();
-          break;
-        case EventKind::kFault:
-          fault(e.target);
-          break;
-        case EventKind::kWatchdog:
-          watchdog();
-          break;
-        case EventKind::kArrival:
-          arrival(e.target);
-          break;
-        case EventKind::kSample:
-          sample();
-          if (finished_ < total) events_.push(now_ + o_.sample_interval_ns, EventKind::kSample, 0);
-          break;
-      }
-      if (at_head) head_free_ = now_;  // charge() moved it on by the event's cost
-      if (e.kind != EventKind::kSample) --pending_work_events_;
-      if (o_.progress && (result_.events & 0xffff) == 0) o_.progress(finished_, total);
-    }
+    if (lanes_.empty())
+      run_serial(total);
+    else
+      run_lanes(total);
     if (checker_) tables_refused_ = !checker_->finish();
-    if (o_.sample_interval_ns > 0 && (result_.series.empty() || result_.series.back().t_ns < now_)) sample();
+    if (o_.sample_interval_ns > 0 && (result_.series.empty() || result_.series.back().t_ns < m_.now))
+      sample();
     for (SeriesPoint& p : result_.series) p.workers.resize(workers_.size());  // zero before a worker joined
-    if (o_.progress) o_.progress(finished_, total);
-    result_.end_ns = now_;
+    if (o_.progress) o_.progress(finished(), total);
+    result_.end_ns = m_.now;
+    result_.events = static_cast<uint64_t>(sum(&Ctx::handled));
     for (Worker& w : workers_) {
       WorkerReport r;
       r.id = w.id;
@@ -252,31 +387,260 @@ class Simulation {
   }
 
  private:
-  void push_work(int64_t time, EventKind kind, uint64_t target) {
-    events_.push(time, kind, target);
-    ++pending_work_events_;
+  // A count over every context.
+  template <typename T>
+  T sum(T Ctx::*field) const {
+    T n = m_.*field;
+    for (const Lane& l : lanes_) n += l.ctx.*field;
+    return n;
   }
-  bool only_samples_left() const { return pending_work_events_ == 0; }
+  int64_t finished() const { return sum(&Ctx::finished); }
+  bool only_samples_left() const { return sum(&Ctx::pending) == 0; }
+  [[noreturn]] void stalled(int64_t total) const {
+    throw std::logic_error("simulation stalled at " + std::to_string(m_.now) + " ns with " +
+                           std::to_string(total - finished()) + " requests unfinished");
+  }
+  void progress(int64_t total) {
+    const int64_t handled = sum(&Ctx::handled);
+    if (o_.progress && (handled >> 16) != (progress_at_ >> 16)) o_.progress(finished(), total);
+    progress_at_ = handled;
+  }
+
+  // Every event in one queue, one at a time.
+  void run_serial(int64_t total) {
+    while (finished() < total) {
+      if (events_.empty() || only_samples_left()) stalled(total);
+      const Event e = events_.pop();
+      m_.now = m_.event_time = e.time;
+      ++m_.handled;
+      // A head with a cost is one server: its events wait for it, in order.
+      const bool at_head = head_costs_ && e.kind != EventKind::kStepDone &&
+                           e.kind != EventKind::kPlanArrive && e.kind != EventKind::kSample;
+      if (at_head && head_free_ > m_.now) {
+        result_.head_max_wait_ns = std::max(result_.head_max_wait_ns, head_free_ - m_.now);
+        m_.now = head_free_;
+      }
+      if (worker_event(e.kind))
+        handle(m_, e);
+      else
+        handle_global(e, total);
+      if (at_head) head_free_ = m_.now;  // charge() moved it on by the event's cost
+      if (e.kind != EventKind::kSample) --m_.pending;
+      progress(total);
+    }
+  }
+
+  // The workers' own events in two lanes on two threads, in phases: each
+  // phase runs, in every lane, the events up to the next arrival or sample,
+  // which then runs alone. Within a phase no worker's event reads or writes
+  // another worker's state (each request is on one worker; what the batcher
+  // shares waits in the lanes until the phase ends: Batcher::Lane), so every
+  // lane handles its events as the serial run would, and the run's results
+  // are the serial run's, bit for bit (tested). Each lane runs on its own
+  // thread only (lane 0 on this one), and between phases each thread builds
+  // the prompts of the next arrivals and checks its lane's put-off plans.
+  void run_lanes(int64_t total) {
+    PromptsAhead prompts(workload_.size(), [this](size_t i) { return build_prompt(sent(i), i, o_.prompts); });
+    prompts_ = &prompts;
+    struct Forget {
+      PromptsAhead*& p;
+      ~Forget() { p = nullptr; }
+    } forget{prompts_};
+    Phase phase;
+    const auto idle = [&](Lane& l) { return prompts.build_one() || check_one(l); };
+    const std::function<bool()> idle_main = [&] { return idle(lanes_[0]); };
+    PhaseThread second([&] { run_phase(phase, lanes_[1]); }, [&] { return idle(lanes_[1]); });
+    const auto both = [&](Phase p) {
+      phase = p;
+      second.start();
+      try {
+        run_phase(phase, lanes_[0]);
+      } catch (...) {
+        second.wait(idle_main);  // it uses what unwinding would take away
+        throw;
+      }
+      second.wait(idle_main);
+      merge_lanes();
+    };
+    for (;;) {
+      const Event* g = events_.peek();
+      Phase p;
+      p.limit = g != nullptr ? g->time : std::numeric_limits<int64_t>::max();
+      p.last = events_.arrivals_left() == 0;  // no request left to send: a lane stops at its last one
+      both(p);
+      if (finished() >= total) {
+        // The serial run ends with the event that finished the last request:
+        // the latest of the lanes' last finishing events. A lane that stopped
+        // at its own runs its events before that one.
+        p.mode = Phase::kUntilEnd;
+        p.end = lanes_[0].last_finish;
+        for (const Lane& l : lanes_)
+          if (before(p.end, l.last_finish)) p.end = l.last_finish;
+        both(p);
+        m_.now = m_.event_time = p.end.time;
+        p.mode = Phase::kCheck;  // what the tables put off, both lanes at once
+        both(p);
+        for (const Lane& l : lanes_) tables_refused_ = tables_refused_ || l.refused;
+        return;
+      }
+      // A lane that stopped at its last request runs on to the limit: others remain.
+      if (std::any_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.stopped; })) {
+        for (Lane& l : lanes_) l.stopped = false;
+        p.last = false;
+        both(p);
+      }
+      if (g == nullptr || only_samples_left()) stalled(total);
+      const Event e = events_.pop();
+      m_.now = m_.event_time = e.time;
+      ++m_.handled;
+      handle_global(e, total);
+      if (e.kind != EventKind::kSample) --m_.pending;
+      progress(total);
+    }
+  }
+
+  // What a phase asks of each lane.
+  struct Phase {
+    enum Mode { kRun, kUntilEnd, kCheck } mode = kRun;
+    int64_t limit = 0;  // kRun: its events at or before this time
+    bool last = false;  // kRun: no arrival is left (it stops at its last request)
+    Event end;          // kUntilEnd: the run's last event
+  };
+  // An event comes before another (by time and kind).
+  static bool before(const Event& a, const Event& b) {
+    return a.time != b.time ? a.time < b.time : a.kind < b.kind;
+  }
+
+  void run_phase(const Phase& p, Lane& l) {
+    switch (p.mode) {
+      case Phase::kRun:
+        return run_lane(l, p.limit, p.last);
+      case Phase::kUntilEnd:
+        // Only a lane that stopped at its last request has events before the
+        // run's last one; none after it may have run (a lane without requests
+        // has no events: every simulated request runs to its length).
+        if (!l.stopped && before(p.end, l.last_handled))
+          throw std::logic_error("simulation: a lane ran past the run's last event");
+        while (const Event* n = l.queue.peek()) {
+          if (!before(*n, p.end)) break;
+          run_one(l, l.queue.pop());
+        }
+        return;
+      case Phase::kCheck:
+        while (check_one(l)) {
+        }
+        return;
+    }
+  }
+
+  // Lane l's events at or before `limit` (every worker event at a time comes
+  // before the arrivals and samples at it). With `last`, it stops after the
+  // event that finishes its last request.
+  void run_lane(Lane& l, int64_t limit, bool last) {
+    while (const Event* n = l.queue.peek()) {
+      if (n->time > limit) break;
+      const int64_t owned = l.ctx.owned;
+      run_one(l, l.queue.pop());
+      if (l.ctx.owned == 0 && owned > 0) {
+        l.last_finish = l.last_handled;
+        if (last) {
+          l.stopped = true;
+          return;
+        }
+      }
+    }
+  }
+  void run_one(Lane& l, const Event& e) {
+    l.ctx.now = l.ctx.event_time = e.time;
+    ++l.ctx.handled;
+    handle(l.ctx, e);
+    --l.ctx.pending;
+    l.last_handled = e;
+  }
+
+  // Checks one plan that lane l's tables put off; false when none waits.
+  bool check_one(Lane& l) {
+    if (l.unchecked.empty()) return false;
+    auto& [index, plan] = l.unchecked.front();
+    if (!l.refused && !check_plan(workers_[index].table, plan, l.prepared, l.outputs)) l.refused = true;
+    l.unchecked.pop_front();
+    return true;
+  }
+
+  void merge_lanes() {
+    for (Lane& l : lanes_) batcher_.merge(l.batcher);
+  }
+
+  // A worker's event, in its context.
+  void handle(Ctx& c, const Event& e) {
+    switch (e.kind) {
+      case EventKind::kStepDone:
+        step_done(c, workers_[e.target]);
+        break;
+      case EventKind::kPlanArrive:
+        plan_arrives(c, workers_[e.target]);
+        break;
+      case EventKind::kResultArrive:
+        result_arrives(c, workers_[e.target]);
+        break;
+      default:
+        throw std::logic_error("simulation: not a worker's event");
+    }
+  }
+
+  // Any other event, in the main context.
+  void handle_global(const Event& e, int64_t total) {
+    switch (e.kind) {
+      case EventKind::kDeadline:
+        if (deadline_ && *deadline_ == m_.event_time) deadline_.reset();
+        head_changed(m_);
+        break;
+      case EventKind::kFault:
+        fault(e.target);
+        break;
+      case EventKind::kWatchdog:
+        watchdog();
+        break;
+      case EventKind::kArrival:
+        arrival(e.target);
+        break;
+      case EventKind::kSample:
+        sample();
+        if (finished() < total) events_.push(m_.now + o_.sample_interval_ns, EventKind::kSample, 0);
+        break;
+      default:
+        throw std::logic_error("simulation: a worker's event in the main context");
+    }
+  }
+
+  // Worker events go to their worker's lane in a parallel run.
+  void push_work(Ctx& c, int64_t time, EventKind kind, uint64_t target) {
+    EventQueue& q = lanes_.empty() || !worker_event(kind) ? events_ : lanes_[target % lanes_.size()].queue;
+    q.push(time, kind, target);
+    ++c.pending;
+  }
+  void push_work(int64_t time, EventKind kind, uint64_t target) { push_work(m_, time, kind, target); }
 
   // The head spends `cpu_ns` of its CPU on the event it is handling: what it
   // does after happens that much later (SimOptions::head).
-  void charge(double cpu_ns) {
+  void charge(Ctx& c, double cpu_ns) {
     const int64_t d = o_.head.service_ns(cpu_ns);
-    now_ += d;
-    result_.head_busy_ns += d;
+    c.now += d;
+    result_.head_busy_ns += d;  // (a serial run's only)
   }
 
   void arrival(size_t i) {
-    client_clock_ = event_time_;  // the client sends it now, whether or not the head is free
+    client_clock_ = m_.event_time;  // the client sends it now, whether or not the head is free
     client_queue_.push_back(i);
-    if (o_.max_concurrency > 0 && outstanding_ >= o_.max_concurrency) return;
-    head_changed();
+    if (o_.max_concurrency > 0 && sum(&Ctx::outstanding) >= o_.max_concurrency) return;
+    head_changed(m_);
   }
 
   // Sends held-back requests while the concurrency limit allows.
   bool release_clients() {
     bool sent = false;
-    while (!client_queue_.empty() && (o_.max_concurrency == 0 || outstanding_ < o_.max_concurrency)) {
+    while (!client_queue_.empty() &&
+           (o_.max_concurrency == 0 || sum(&Ctx::outstanding) < o_.max_concurrency)) {
       const size_t i = client_queue_.front();
       client_queue_.pop_front();
       send(i);
@@ -285,90 +649,115 @@ class Simulation {
     return sent;
   }
 
-  void send(size_t i) {
+  // Request i as the client sends it: clipped to the workers' context when
+  // it is longer and the policy clips.
+  bool clipped(const WorkloadRequest& w) const {
+    return static_cast<int64_t>(w.input_len) + w.output_len > max_model_len_ &&
+           o_.overlong == OverlongPolicy::kClip;
+  }
+  WorkloadRequest sent(size_t i) const {
     WorkloadRequest w = workload_[i];
-    if (static_cast<int64_t>(w.input_len) + w.output_len > max_model_len_ &&
-        o_.overlong == OverlongPolicy::kClip) {
+    if (clipped(w)) {
       w.output_len = std::min(w.output_len, max_model_len_ - 1);
       w.input_len = std::max(1, std::min(w.input_len, max_model_len_ - w.output_len));
-      ++result_.clipped;
     }
+    return w;
+  }
+
+  void send(size_t i) {
+    const WorkloadRequest w = sent(i);
+    if (clipped(workload_[i])) ++result_.clipped;
     core::Request r;
     r.id = i + 1;
-    r.prompt_ids = build_prompt(w, i, o_.prompts);
+    r.prompt_ids = prompts_ != nullptr ? prompts_->take(i) : build_prompt(w, i, o_.prompts);
     r.max_tokens = w.output_len;
     r.ignore_eos = true;
     r.sampling.temperature = 0;  // greedy, as the cost profile measured
     r.seed = i;
     core::RequestTiming& t = result_.requests[i];
-    t.start_ns = head_costs_ ? client_clock_ : now_;
+    t.start_ns = head_costs_ ? client_clock_ : m_.now;
     t.prompt_tokens = w.input_len;
     t.token_ns.reserve(static_cast<size_t>(w.output_len));  // one allocation of its final size
-    ++outstanding_;
+    ++m_.outstanding;
     state_[i] = 1;
-    if (head_costs_) charge(o_.head.request_ns);
-    if (auto err = batcher_.submit(std::move(r), now_)) {
+    if (head_costs_) charge(m_, o_.head.request_ns);
+    if (auto err = batcher_.submit(std::move(r), m_.now)) {
       t.success = false;
       t.error = *err;
-      t.end_ns = now_;
-      done(i);
+      t.end_ns = m_.now;
+      done(m_, i);
       return;
     }
-    touched_.push_back(batcher_.worker_of(i + 1));
+    const uint64_t worker = batcher_.worker_of(i + 1);
+    m_.touched.push_back(worker);
+    if (!lanes_.empty()) ++lanes_[(worker - 1) % lanes_.size()].ctx.owned;
   }
 
-  void done(size_t i) {
-    client_clock_ = now_;  // the client hears of it now, and may send the next
+  void done(Ctx& c, size_t i) {
+    if (c.lane == nullptr) client_clock_ = c.now;  // the client hears of it now, and may send the next
     state_[i] = 2;
-    --outstanding_;
-    ++finished_;
-    ++finished_in_interval_;
+    --c.outstanding;
+    --c.owned;
+    ++c.finished;
+    ++c.finished_in_interval;
   }
 
   // Something changed at the head: send what clients may send, plan for the
   // workers whose state changed, record what happened; again while finished
-  // requests free clients.
-  void head_changed() {
-    release_clients();
+  // requests free clients. In a lane: only the lane's workers are touched,
+  // and no client waits (a parallel run has no concurrency limit).
+  void head_changed(Ctx& c) {
+    const bool main = c.lane == nullptr;
+    if (main) release_clients();
     do {
-      std::vector<uint64_t>& ids = planning_;  // touched_'s ids; touched_ collects the next ones
-      ids.swap(touched_);
-      touched_.clear();
+      std::vector<uint64_t>& ids = c.planning;  // c.touched's ids; c.touched collects the next ones
+      ids.swap(c.touched);
+      c.touched.clear();
       if (o_.schedule_all_workers || ids.empty()) ids.assign(1, 0);  // 0: requests waiting for a worker only
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
       for (uint64_t id : ids) {
         if (id != 0 && !batcher_.has_worker(id)) continue;  // gone since it was touched
         if (o_.schedule_all_workers)
-          plans_ = batcher_.schedule(now_);
+          c.plans = batcher_.schedule(c.now);
+        else if (!main && id == 0)
+          continue;  // nothing waits for a worker in a lane's run
+        else if (!main)
+          batcher_.schedule(c.now, id, c.plans, *c.lane);
         else
-          batcher_.schedule(now_, id, plans_);
-        for (core::Dispatch& d : plans_) {
+          batcher_.schedule(c.now, id, c.plans);
+        for (core::Dispatch& d : c.plans) {
           Worker& w = workers_[d.worker - 1];
           if (o_.step_log) o_.step_log->planned(d.worker, d.plan);
           const int64_t arrive =
-              w.down.send(w.departs(now_), metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
+              w.down.send(w.departs(c.now), metered(w) ? plan_wire_bytes(d.plan) : 0, w.spec->link);
           w.to_worker.push_back(std::move(d.plan));
-          push_work(arrive, EventKind::kPlanArrive, d.worker - 1);
+          push_work(c, arrive, EventKind::kPlanArrive, d.worker - 1);
         }
       }
-      drain_events();
-    } while (release_clients());
+      drain_events(c);
+    } while (main && release_clients());
+    if (!main) return;
     if (auto d = batcher_.next_deadline(); d && (!deadline_ || *d < *deadline_)) {
-      deadline_ = std::max(*d, now_);  // the timer's time: the kDeadline event clears it
+      deadline_ = std::max(*d, c.now);  // the timer's time: the kDeadline event clears it
       push_work(*deadline_, EventKind::kDeadline, 0);
     }
   }
 
-  void drain_events() {
-    batcher_.take_events(events_buf_);
-    for (core::RequestEvent& ev : events_buf_) {
+  void drain_events(Ctx& c) {
+    if (c.lane != nullptr) {
+      c.events.clear();
+      c.events.swap(c.lane->events);  // the lane's buffer goes back to it for the next ones
+    } else {
+      batcher_.take_events(c.events);
+    }
+    for (core::RequestEvent& ev : c.events) {
       const size_t i = ev.request_id - 1;
       core::RequestTiming& t = result_.requests[i];
       switch (ev.kind) {
         case core::EventKind::kScheduled:
           if (result_.scheduled_ns[i] < 0) {
-            result_.scheduled_ns[i] = now_;
+            result_.scheduled_ns[i] = c.now;
             result_.cached_tokens[i] = ev.usage.cached_tokens;
             result_.worker[i] = batcher_.worker_of(ev.request_id);
           }
@@ -376,16 +765,16 @@ class Simulation {
         case core::EventKind::kPromptLogprobs:  // the simulated workloads ask for none
           break;
         case core::EventKind::kToken:
-          t.token_ns.push_back(now_);
-          ++tokens_in_interval_;
+          t.token_ns.push_back(c.now);
+          ++c.tokens_in_interval;
           break;
         case core::EventKind::kFinished: {
-          t.end_ns = now_;
+          t.end_ns = c.now;
           t.output_tokens = ev.usage.completion_tokens;
           t.success =
               ev.finish_reason == core::FinishReason::kLength || ev.finish_reason == core::FinishReason::kEos;
           if (!t.success) t.error = ev.error.empty() ? core::to_string(ev.finish_reason) : ev.error;
-          done(i);
+          done(c, i);
           break;
         }
       }
@@ -422,8 +811,8 @@ class Simulation {
   // A worker joins a running simulation: the head plans for it at once.
   uint64_t join_running(const SimWorkerSpec& s) {
     const uint64_t id = join(s);
-    touched_.push_back(id);
-    head_changed();
+    m_.touched.push_back(id);
+    head_changed(m_);
     return id;
   }
 
@@ -446,7 +835,7 @@ class Simulation {
   // Every live worker may have work now (moved requests wait in their schedulers).
   void touch_all() {
     for (const Worker& w : workers_)
-      if (!w.gone) touched_.push_back(w.id);
+      if (!w.gone) m_.touched.push_back(w.id);
   }
 
   void let_go(Worker& w) {
@@ -454,7 +843,7 @@ class Simulation {
     w.to_worker.clear();
     w.queue.clear();
     w.to_head.clear();
-    w.busy_ns = w.busy_until(now_);
+    w.busy_ns = w.busy_until(m_.now);
     w.busy = false;
   }
 
@@ -480,8 +869,8 @@ class Simulation {
       w.hung = true;
       if (f.fault.kind == FaultKind::kKill) {
         w.dead = true;
-        w.dead_at = event_time_;
-        push_work(event_time_ + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
+        w.dead_at = m_.event_time;
+        push_work(m_.event_time + o_.node_loss_ns, EventKind::kFault, result_.faults.size() + k);
       } else {
         watch(k);
       }
@@ -491,9 +880,9 @@ class Simulation {
     const std::vector<size_t> on = requests_on(w.id);
     if (f.fault.kind == FaultKind::kKill) {  // noticed at once (node_loss_ns 0)
       w.last_stats = batcher_.scheduler(w.id)->stats();
-      batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
+      batcher_.remove_worker(w.id, m_.now, core::WorkerExit::kLost);
       let_go(w);
-      f.removed_ns = now_;
+      f.removed_ns = m_.now;
     } else {
       batcher_.drain_worker(w.id);
       w.drain_fault = static_cast<int64_t>(k);
@@ -501,16 +890,16 @@ class Simulation {
     record(f, before, on);
     leave_if_drained(w);
     touch_all();
-    head_changed();
+    head_changed(m_);
   }
 
   // A drained worker leaves (its node exits), as the real one does.
   void leave_if_drained(Worker& w) {
     if (w.drain_fault < 0 || w.gone || !batcher_.drained(w.id)) return;
     w.last_stats = batcher_.scheduler(w.id)->stats();
-    batcher_.remove_worker(w.id, now_, core::WorkerExit::kDrained);
+    batcher_.remove_worker(w.id, m_.now, core::WorkerExit::kDrained);
     let_go(w);
-    result_.faults[static_cast<size_t>(w.drain_fault)].removed_ns = now_;
+    result_.faults[static_cast<size_t>(w.drain_fault)].removed_ns = m_.now;
   }
 
   // The watchdog checks step deadlines while fault k may need it.
@@ -518,13 +907,13 @@ class Simulation {
     watched_.push_back(k);
     if (!watchdog_on_) {
       watchdog_on_ = true;
-      push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+      push_work(m_.now + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
     }
   }
   bool watching(size_t k) const {
     const FaultReport& f = result_.faults[k];
     const Worker& w = workers_[f.fault.worker - 1];
-    return !w.gone && (f.fault.kind == FaultKind::kHang || now_ < f.fault.at_ns + f.fault.duration_ns);
+    return !w.gone && (f.fault.kind == FaultKind::kHang || m_.now < f.fault.at_ns + f.fault.duration_ns);
   }
 
   // The link to w goes down for the fault's duration. The head hears nothing
@@ -532,13 +921,13 @@ class Simulation {
   // (node_lost), and the node, its head silent as long, starts over.
   void cut(size_t k, Worker& w) {
     const FaultReport& f = result_.faults[k];
-    if (w.gone || w.dead || w.hung || event_time_ < w.cut_until) return;
+    if (w.gone || w.dead || w.hung || m_.event_time < w.cut_until) return;
     check_cuttable(*w.spec, w.id);
-    w.cut_from = event_time_;
-    w.cut_until = event_time_ + f.fault.duration_ns;
+    w.cut_from = m_.event_time;
+    w.cut_until = m_.event_time + f.fault.duration_ns;
     const size_t nf = result_.faults.size();
     if (f.fault.duration_ns >= o_.node_loss_ns)
-      push_work(event_time_ + o_.node_loss_ns, EventKind::kFault, nf + k);
+      push_work(m_.event_time + o_.node_loss_ns, EventKind::kFault, nf + k);
     push_work(w.cut_until, EventKind::kFault, 2 * nf + k);
     watch(k);
   }
@@ -550,7 +939,7 @@ class Simulation {
   void link_back(size_t k) {
     FaultReport& f = result_.faults[k];
     const Worker& w = workers_[f.fault.worker - 1];
-    f.returned_ns = now_;
+    f.returned_ns = m_.now;
     if (!w.gone || w.dead || w.hung || w.drain_fault >= 0) return;  // only delayed, or gone for good
     registers_again(k);
   }
@@ -568,12 +957,12 @@ class Simulation {
       ++local_restarts_;
       return registers_again(k);
     }
-    push_work(now_ + 2 * w.spec->link.latency_ns, EventKind::kFault, 3 * result_.faults.size() + k);
+    push_work(m_.now + 2 * w.spec->link.latency_ns, EventKind::kFault, 3 * result_.faults.size() + k);
   }
   // Fault k's worker, let go, is back under a new id (a cut's node, a hung one started over).
   void registers_again(size_t k) {
     FaultReport& f = result_.faults[k];
-    f.returned_ns = now_;
+    f.returned_ns = m_.now;
     f.new_worker = join_running(*workers_[f.fault.worker - 1].spec);
   }
 
@@ -585,12 +974,12 @@ class Simulation {
     const core::BatcherCounters before = batcher_.counters();
     const std::vector<size_t> on = requests_on(w.id);
     w.last_stats = batcher_.scheduler(w.id)->stats();
-    batcher_.remove_worker(w.id, now_, core::WorkerExit::kLost);
+    batcher_.remove_worker(w.id, m_.now, core::WorkerExit::kLost);
     let_go(w);
-    f.removed_ns = now_;
+    f.removed_ns = m_.now;
     record(f, before, on);
     touch_all();
-    head_changed();
+    head_changed(m_);
   }
 
   // The step deadlines: a hung worker is let go when its oldest step is past
@@ -604,7 +993,7 @@ class Simulation {
       on.emplace_back(k, requests_on(w.id));
     }
     const core::BatcherCounters before = batcher_.counters();
-    const std::vector<core::HungWorker> hung = batcher_.take_hung(now_);
+    const std::vector<core::HungWorker> hung = batcher_.take_hung(m_.now);
     for (const core::HungWorker& h : hung) {
       Worker& w = workers_[h.worker - 1];
       // A worker no fault struck, past its deadline (a cost model far off): no stats kept.
@@ -615,7 +1004,7 @@ class Simulation {
       for (auto& [k, reqs] : on) {
         FaultReport& f = result_.faults[k];
         if (f.fault.worker != h.worker || f.removed_ns >= 0) continue;
-        f.removed_ns = now_;
+        f.removed_ns = m_.now;
         // One batcher call may let several workers go: count each one's own requests.
         core::BatcherCounters mine = before;
         if (hung.size() > 1) {
@@ -632,44 +1021,50 @@ class Simulation {
     watched_.erase(std::remove_if(watched_.begin(), watched_.end(), [&](size_t k) { return !watching(k); }),
                    watched_.end());
     watchdog_on_ = !watched_.empty();
-    if (watchdog_on_) push_work(now_ + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
+    if (watchdog_on_) push_work(m_.now + o_.watchdog_interval_ns, EventKind::kWatchdog, 0);
     if (!hung.empty()) {
       touch_all();
-      head_changed();
+      head_changed(m_);
     }
   }
 
-  void plan_arrives(Worker& w) {
+  void plan_arrives(Ctx& c, Worker& w) {
     if (w.gone) return;
     w.queue.push_back(std::move(w.to_worker.front()));
     w.to_worker.pop_front();
-    if (!w.busy && !w.dead) start(w);
+    if (!w.busy && !w.dead) start(c, w);
   }
 
-  void start(Worker& w) {
+  void start(Ctx& c, Worker& w) {
     w.current = std::move(w.queue.front());
     w.queue.pop_front();
     // What runs: the plan as the worker's SequenceTable resolves it (items it
     // refuses do not run), or, without tables, the plan's work as it stands.
     w.items.clear();
     w.current_step = w.current.step_id;
-    if (o_.worker_tables && !checker_) {
+    if (o_.worker_tables && !checker_ && !tables_later_) {
       w.table.prepare(w.current, w.prepared);
-      for (const core::SeqChunk& c : w.prepared.chunks)
-        w.items.push_back({c.seq_id, c.start_pos, static_cast<int32_t>(c.token_ids.size()), c.sample});
+      for (const core::SeqChunk& k : w.prepared.chunks)
+        w.items.push_back({k.seq_id, k.start_pos, static_cast<int32_t>(k.token_ids.size()), k.sample});
     } else {
       for (const core::SeqWork& x : w.current.work)
         w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
       if (checker_) checker_->submit(w.id - 1, w.current);
+      if (tables_later_) {
+        Lane& l = lanes_[(w.id - 1) % lanes_.size()];
+        l.unchecked.emplace_back(w.id - 1, std::move(w.current));  // (not used after this)
+        if (l.unchecked.size() > kMostUnchecked) check_one(l);     // no time was idle: memory stays bounded
+      }
     }
     w.busy = true;
-    w.started = now_;
+    w.started = c.now;
     StepShape shape;
     for (const Item& i : w.items) shape.add(i.start, i.n, i.sample);
-    push_work(now_ + std::max<int64_t>(1, w.spec->cost->predict_ns(shape)), EventKind::kStepDone, w.id - 1);
+    push_work(c, c.now + std::max<int64_t>(1, w.spec->cost->predict_ns(shape)), EventKind::kStepDone,
+              w.id - 1);
   }
 
-  void step_done(Worker& w) {
+  void step_done(Ctx& c, Worker& w) {
     if (w.gone || w.hung) return;  // a hung worker's step never ends
     core::StepResult r;
     r.step_id = w.current_step;
@@ -681,52 +1076,54 @@ class Simulation {
       w.tokens_run += i.n;
       if (i.sample) r.outputs.push_back({i.seq, {fake_token(i.seq, i.start + i.n, vocab), 0.0f, {}, 0}});
     }
-    if (o_.worker_tables && !checker_) {
+    if (o_.worker_tables && !checker_ && !tables_later_) {
       w.refused += static_cast<int64_t>(w.prepared.failures.size());
       r.failures = std::move(w.prepared.failures);
       w.table.commit(w.prepared, r.outputs, {});
     }
-    r.forward_ms = static_cast<double>(now_ - w.started) / 1e6;
-    w.busy_ns += now_ - w.started;
+    r.forward_ms = static_cast<double>(c.now - w.started) / 1e6;
+    w.busy_ns += c.now - w.started;
     w.busy = false;
     ++w.steps;
-    const int64_t arrive = w.up.send(w.departs(now_), metered(w) ? result_wire_bytes(r) : 0, w.spec->link);
+    const int64_t arrive = w.up.send(w.departs(c.now), metered(w) ? result_wire_bytes(r) : 0, w.spec->link);
     w.to_head.push_back(std::move(r));
-    push_work(arrive, EventKind::kResultArrive, w.id - 1);
-    if (!w.queue.empty()) start(w);
+    push_work(c, arrive, EventKind::kResultArrive, w.id - 1);
+    if (!w.queue.empty()) start(c, w);
   }
 
-  void result_arrives(Worker& w) {
+  void result_arrives(Ctx& c, Worker& w) {
     if (w.gone) return;  // sent before it went; the head drops it
     core::StepResult r = std::move(w.to_head.front());
     w.to_head.pop_front();
-    if (head_costs_)
-      charge(o_.head.step_ns + o_.head.token_ns * static_cast<double>(r.outputs.size()));
+    if (head_costs_) charge(c, o_.head.step_ns + o_.head.token_ns * static_cast<double>(r.outputs.size()));
     if (o_.step_log) o_.step_log->done(w.id, r);
-    if (auto err = batcher_.on_result(w.id, r, now_)) throw std::logic_error("simulation: " + *err);
+    const std::optional<std::string> err =
+        c.lane != nullptr ? batcher_.on_result(w.id, r, c.now, *c.lane) : batcher_.on_result(w.id, r, c.now);
+    if (err) throw std::logic_error("simulation: " + *err);
     w.spare_outputs = std::move(r.outputs);
-    touched_.push_back(w.id);
-    leave_if_drained(w);
-    head_changed();
+    c.touched.push_back(w.id);
+    if (c.lane == nullptr) leave_if_drained(w);  // (a lane's run drains no worker)
+    head_changed(c);
   }
 
   void sample() {
     SeriesPoint p;
-    p.t_ns = now_;
+    p.t_ns = m_.now;
     p.waiting = batcher_.num_waiting();
     p.running = batcher_.num_running();
     p.client_queue = static_cast<int32_t>(client_queue_.size());
-    p.output_tokens = tokens_in_interval_;
-    p.finished = finished_in_interval_;
-    tokens_in_interval_ = 0;
-    finished_in_interval_ = 0;
-    const int64_t span = result_.series.empty() ? now_ : now_ - result_.series.back().t_ns;
+    p.output_tokens = sum(&Ctx::tokens_in_interval);
+    p.finished = sum(&Ctx::finished_in_interval);
+    m_.tokens_in_interval = 0;
+    m_.finished_in_interval = 0;
+    for (Lane& l : lanes_) l.ctx.tokens_in_interval = l.ctx.finished_in_interval = 0;
+    const int64_t span = result_.series.empty() ? m_.now : m_.now - result_.series.back().t_ns;
     if (span > 0)
       p.head_busy = static_cast<double>(result_.head_busy_ns - head_busy_at_sample_) / static_cast<double>(span);
     head_busy_at_sample_ = result_.head_busy_ns;
     for (Worker& w : workers_) {
       SeriesPoint::Worker x;
-      const int64_t busy = w.busy_until(now_);
+      const int64_t busy = w.busy_until(m_.now);
       x.busy = span > 0 ? static_cast<double>(busy - w.busy_at_sample) / static_cast<double>(span) : 0.0;
       w.busy_at_sample = busy;
       if (w.gone) {  // nothing running, no blocks
@@ -751,24 +1148,19 @@ class Simulation {
   std::vector<Worker> workers_;
   EventQueue events_;
   SimResult result_;
-  int64_t now_ = 0;         // the time of the event being handled; the head's, past its queue
-  int64_t event_time_ = 0;  // that event's own time
+  Ctx m_;                            // the main context
+  std::vector<Lane> lanes_;          // a parallel run's (none: serial)
+  PromptsAhead* prompts_ = nullptr;  // a parallel run's, while it runs
+  bool tables_later_ = false;        // a parallel run's tables check plans when their lane is idle
+  static constexpr size_t kMostUnchecked = 4096;  // plans a lane may hold unchecked
+  int64_t progress_at_ = 0;                       // events handled when progress() last looked
   bool head_costs_ = false;     // SimOptions::head is not free
   int64_t head_free_ = 0;       // when the head is done with the events it has taken
   int64_t client_clock_ = 0;    // when clients last acted (sent, or heard a request end)
   int64_t head_busy_at_sample_ = 0;
   int32_t max_model_len_ = 0;
-  int64_t finished_ = 0;
-  int32_t outstanding_ = 0;
   std::deque<size_t> client_queue_;
-  std::vector<core::RequestEvent> events_buf_;  // drain_events()'s, reused
-  std::vector<uint64_t> touched_;               // workers whose state changed since they were last planned
-  std::vector<uint64_t> planning_;              // head_changed()'s: the touched workers it plans for
-  std::vector<core::Dispatch> plans_;           // head_changed()'s, reused
   std::optional<int64_t> deadline_;
-  int64_t pending_work_events_ = 0;
-  int64_t tokens_in_interval_ = 0;
-  int32_t finished_in_interval_ = 0;
   std::unique_ptr<TableChecker> checker_;  // the tables on a thread, or none
   bool tables_refused_ = false;
   std::vector<char> state_;          // per request: 0 not sent, 1 outstanding, 2 done

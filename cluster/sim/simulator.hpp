@@ -130,6 +130,12 @@ struct SimOptions {
   // the tables in line. For hosts with a second CPU to give (troupe simulate
   // and bench_sim set it when they have one).
   bool tables_on_thread = false;
+  // Run the workers' own events (steps, plans and results) on two threads
+  // where the run allows it: no faults, no concurrency limit, a free head,
+  // no step log (otherwise serial, as without). The same result, bit for
+  // bit; the tables then run in line on both. For hosts with a second CPU
+  // to give (troupe simulate and bench_sim set it when they have one).
+  bool parallel = false;
   // Every step the workers run, written as its result reaches the head, in
   // `troupe serve --step-log`'s format (its `ms` the predicted time; idle_ms 0):
   // served and simulated steps side by side. Unset: none.

@@ -84,20 +84,22 @@ void TableChecker::loop() {
   }
 }
 
-void TableChecker::check(Slot& s) {
-  core::SequenceTable& table = tables_.at(s.worker);
-  table.prepare(s.plan, prepared_);
-  if (!prepared_.failures.empty()) {
-    refused_ = true;
-    return;
-  }
-  outputs_.clear();
-  for (const core::SeqChunk& c : prepared_.chunks) {
+bool check_plan(core::SequenceTable& table, const core::StepPlan& plan, core::PreparedStep& prepared,
+                std::vector<core::SeqOutput>& outputs) {
+  table.prepare(plan, prepared);
+  if (!prepared.failures.empty()) return false;
+  outputs.clear();
+  for (const core::SeqChunk& c : prepared.chunks) {
     if (!c.sample) continue;
     const int32_t end = c.start_pos + static_cast<int32_t>(c.token_ids.size());
-    outputs_.push_back({c.seq_id, {fake_token(c.seq_id, end, table.options().vocab_size), 0.0f, {}}});
+    outputs.push_back({c.seq_id, {fake_token(c.seq_id, end, table.options().vocab_size), 0.0f, {}}});
   }
-  table.commit(prepared_, outputs_, {});
+  table.commit(prepared, outputs, {});
+  return true;
+}
+
+void TableChecker::check(Slot& s) {
+  if (!check_plan(tables_.at(s.worker), s.plan, prepared_, outputs_)) refused_ = true;
 }
 
 bool TableChecker::finish() {

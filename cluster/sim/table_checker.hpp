@@ -32,6 +32,13 @@ namespace troupe::cluster::sim {
 // at `position`: any valid id will do (the simulator's requests ignore eos).
 int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab);
 
+// Checks and resolves one plan on a worker's table as the real worker
+// would, committing the tokens it samples (fake_token); false when the table
+// refused an item (then nothing is committed). `prepared` and `outputs` are
+// the caller's buffers, kept between plans.
+bool check_plan(core::SequenceTable& table, const core::StepPlan& plan, core::PreparedStep& prepared,
+                std::vector<core::SeqOutput>& outputs);
+
 // A simulated worker's SequenceTable: its scheduler's pool, block size,
 // positions and vocabulary (its own pool if table_blocks says so).
 core::SequenceTableOptions table_options(const SimWorkerSpec& w);

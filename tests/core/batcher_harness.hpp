@@ -20,6 +20,11 @@ inline int32_t script(uint64_t id, int32_t pos) {
   return static_cast<int32_t>((id * 7919 + pos * 31) % 50000);
 }
 
+// What a scripted worker samples for a chunk that samples.
+inline SeqOutput scripted_output(const SeqChunk& c) {
+  return {c.seq_id, {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}, 0}};
+}
+
 inline SchedulerOptions worker_options(int32_t blocks = 64, int32_t in_flight = 2) {
   SchedulerOptions o = test::small_options();
   o.num_blocks = blocks;
@@ -60,10 +65,7 @@ struct Cluster {
           for (size_t i = 0; i < c.score_ids.size(); ++i)
             ps.tokens.push_back({c.score_ids[i], -0.01f * static_cast<float>(ps.start + static_cast<int32_t>(i)), {}, 1});
         }
-        if (c.sample)
-          r.outputs.push_back(
-              {c.seq_id,
-               {script(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.f, {}, 0}});
+        if (c.sample) r.outputs.push_back(scripted_output(c));
       }
       t.commit(p, r.outputs, {});
       pending[d.worker].push_back(r);
