@@ -187,66 +187,78 @@ Batcher::Worker* Batcher::pick(const Request& r) {
   // which are their schedulers'), once per class of alike workers.
   class_fits_.resize(fit_classes_.size());
   for (size_t k = 0; k < fit_classes_.size(); ++k) class_fits_[k] = Scheduler::fits(fit_classes_[k], r);
-  std::vector<uint32_t>& fit = fit_;  // indices into board_ and order_, in id order
-  fit.clear();
+  const auto fits = [this](const Candidate& c) {
+    return c.active && class_fits_[static_cast<size_t>(c.fit_class)];
+  };
+  // Least loaded first: fewer sequences, then more free blocks, as one key
+  // (both are >= 0); ties go to the lower id (the board's order).
+  const auto key = [](const Candidate& c) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(c.load)) << 32 |
+           (0xffffffffULL - static_cast<uint32_t>(c.free));
+  };
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  if (options_.placement == PlacementPolicy::kRoundRobin) {
+    // The first fitting worker whose id is >= the cursor, wrapping around.
+    size_t first = kNone, at = kNone;
+    for (size_t i = 0; i < board_.size() && at == kNone; ++i) {
+      if (!fits(board_[i])) continue;
+      if (first == kNone) first = i;
+      if (board_[i].id >= rr_next_) at = i;
+    }
+    if (first == kNone) return nullptr;
+    const size_t i = at != kNone ? at : first;
+    rr_next_ = board_[i].id + 1;
+    return order_[i];
+  }
+  // One pass over the board: the least loaded fitting worker.
+  size_t best = kNone;
+  uint64_t best_key = ~0ULL;
   for (size_t i = 0; i < board_.size(); ++i) {
     const Candidate& c = board_[i];
-    if (c.active && class_fits_[static_cast<size_t>(c.fit_class)]) fit.push_back(static_cast<uint32_t>(i));
-  }
-  if (fit.empty()) return nullptr;
-  // From the board: the same numbers as the workers' own (refresh()).
-  auto less_loaded = [this](uint32_t a, uint32_t b) {
-    const Candidate& x = board_[a];
-    const Candidate& y = board_[b];
-    if (x.load != y.load) return x.load < y.load;
-    return x.free > y.free;
-  };
-  switch (options_.placement) {
-    case PlacementPolicy::kRoundRobin: {
-      // The first fitting worker whose id is >= the cursor, wrapping around.
-      auto it = std::find_if(fit.begin(), fit.end(), [&](uint32_t i) { return board_[i].id >= rr_next_; });
-      const uint32_t i = it != fit.end() ? *it : fit.front();
-      rr_next_ = board_[i].id + 1;
-      return order_[i];
-    }
-    case PlacementPolicy::kLeastLoaded:
-      return order_[*std::min_element(fit.begin(), fit.end(), less_loaded)];
-    case PlacementPolicy::kPrefixAffinity: {
-      // The prompt, then what was generated before (a moved request); no copy without the latter.
-      std::vector<int32_t> joined;
-      if (!r.output_ids.empty()) {
-        joined.reserve(r.prompt_ids.size() + r.output_ids.size());
-        joined = r.prompt_ids;
-        joined.insert(joined.end(), r.output_ids.begin(), r.output_ids.end());
-      }
-      const std::vector<int32_t>& tokens = r.output_ids.empty() ? r.prompt_ids : joined;
-      // Only a worker caching the first block can have a hit: the index
-      // names them (per block size), the rest have none without asking.
-      const std::vector<uint64_t>* holders = nullptr;
-      int32_t holders_bs = 0;
-      uint32_t best = 0;
-      int32_t best_hit = -1;
-      for (uint32_t i : fit) {
-        const Candidate& c = board_[i];
-        const int32_t bs = fit_classes_[static_cast<size_t>(c.fit_class)].block_size;  // the worker's
-        int32_t hit = 0;
-        if (tokens.size() > static_cast<size_t>(bs)) {
-          if (bs != holders_bs) {
-            holders = roots_->holders(tokens.data(), bs);
-            holders_bs = bs;
-          }
-          if (holders && std::find(holders->begin(), holders->end(), c.id) != holders->end())
-            hit = order_[i]->sched->cached_prefix_blocks(tokens);
-        }
-        if (hit > best_hit || (hit == best_hit && less_loaded(i, best))) {
-          best = i;
-          best_hit = hit;
-        }
-      }
-      return order_[best];
+    if (!fits(c)) continue;
+    if (const uint64_t k = key(c); k < best_key) {
+      best_key = k;
+      best = i;
     }
   }
-  return order_[fit.front()];
+  if (best == kNone) return nullptr;
+  if (options_.placement == PlacementPolicy::kLeastLoaded) return order_[best];
+  // Prefix affinity: the most cached blocks, then the least loaded, then the
+  // lowest id. Only a worker caching the first block can have a hit: the
+  // index names them (per block size); the rest have none (so without a hit
+  // anywhere it is the least loaded worker above).
+  std::vector<int32_t> joined;  // the prompt, then what was generated before (a moved request)
+  if (!r.output_ids.empty()) {
+    joined.reserve(r.prompt_ids.size() + r.output_ids.size());
+    joined = r.prompt_ids;
+    joined.insert(joined.end(), r.output_ids.begin(), r.output_ids.end());
+  }
+  const std::vector<int32_t>& tokens = r.output_ids.empty() ? r.prompt_ids : joined;
+  int32_t best_hit = 0;
+  for (size_t k = 0; k < fit_classes_.size(); ++k) {
+    const int32_t bs = fit_classes_[k].block_size;
+    if (!class_fits_[k] || tokens.size() <= static_cast<size_t>(bs)) continue;
+    const bool seen = std::any_of(fit_classes_.begin(), fit_classes_.begin() + static_cast<ptrdiff_t>(k),
+                                  [&](const SchedulerOptions& o) { return o.block_size == bs; });
+    if (seen) continue;  // (each block size's holders once)
+    const std::vector<uint64_t>* holders = roots_->holders(tokens.data(), bs);
+    if (holders == nullptr) continue;
+    for (uint64_t id : *holders) {
+      const Worker* w = find(id);
+      if (w == nullptr) continue;
+      const Candidate& c = board_[w->index];
+      if (!fits(c) || fit_classes_[static_cast<size_t>(c.fit_class)].block_size != bs) continue;
+      const int32_t hit = w->sched->cached_prefix_blocks(tokens);
+      const uint64_t k2 = key(c);
+      if (hit > best_hit ||
+          (hit == best_hit && hit > 0 && (k2 < best_key || (k2 == best_key && w->index < best)))) {
+        best = w->index;
+        best_hit = hit;
+        best_key = k2;
+      }
+    }
+  }
+  return order_[best];
 }
 
 // Queues r on the best worker that can run it; false when none can now.

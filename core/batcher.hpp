@@ -277,7 +277,6 @@ class Batcher {
   // cluster of alike workers): a pick asks each class once, not each worker.
   std::vector<SchedulerOptions> fit_classes_;
   std::vector<char> class_fits_;                         // pick()'s buffer, per fit class
-  std::vector<uint32_t> fit_;                            // pick()'s buffer: indices into board_
   std::vector<uint64_t> ids_;                            // schedule()'s buffer
   std::vector<Unplaced> unplaced_;                       // in arrival order
   std::unordered_map<uint64_t, uint64_t> where_;         // request -> worker (0 = unplaced)

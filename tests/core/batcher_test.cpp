@@ -85,14 +85,9 @@ TEST(Batcher, PrefixAffinityGoesWhereThePrefixIsCached) {
   c.run();
 }
 
-// Prefix affinity asks only the workers the cluster's index of first blocks
-// names; the choice must be the one asking every worker gives: the most
-// cached blocks, then the least loaded, then the most free blocks, then the
-// lowest id. Checked request by request on a busy cluster whose small pools
-// evict, with shared prefixes of several lengths, and a worker that leaves.
-TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorker) {
-  Cluster c;
-  for (uint64_t id = 1; id <= 4; ++id) c.add(id, worker_options(/*blocks=*/24));
+// Submits 160 requests of five prompt families (and none) to `c`'s workers
+// 1..4, checking each placement against asking every worker.
+void expect_prefix_affinity_asks_every_worker(Cluster& c) {
   std::mt19937 rng(7);
   std::vector<std::vector<int32_t>> families;
   for (int f = 0; f < 5; ++f) families.push_back(range_tokens(12, 1000 * (f + 1)));
@@ -129,6 +124,31 @@ TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorker) {
   c.run();
   EXPECT_EQ(checked, 160);
   EXPECT_GT(hits, 40) << "the workload must exercise cache hits";
+}
+
+// Prefix affinity asks only the workers the cluster's index of first blocks
+// names; the choice must be the one asking every worker gives: the most
+// cached blocks, then the least loaded, then the most free blocks, then the
+// lowest id. Checked request by request on a busy cluster whose small pools
+// evict, with shared prefixes of several lengths, and a worker that leaves.
+TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorker) {
+  Cluster c;
+  for (uint64_t id = 1; id <= 4; ++id) c.add(id, worker_options(/*blocks=*/24));
+  expect_prefix_affinity_asks_every_worker(c);
+}
+
+// The same with workers of two block sizes: the index is asked per block size.
+TEST(Batcher, PrefixAffinityPicksAsIfItAskedEveryWorkerOfTwoBlockSizes) {
+  Cluster c;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    SchedulerOptions o = worker_options(/*blocks=*/24);
+    if (id % 2 == 0) {
+      o.block_size = 8;
+      o.num_blocks = 12;
+    }
+    c.add(id, o);
+  }
+  expect_prefix_affinity_asks_every_worker(c);
 }
 
 // Placement reads a board of every worker's load and free blocks, kept by the
