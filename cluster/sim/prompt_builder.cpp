@@ -1,5 +1,6 @@
 #include "cluster/sim/prompt_builder.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/splitmix.hpp"
@@ -28,7 +29,9 @@ std::vector<int32_t> build_prompt(const WorkloadRequest& r, uint64_t request_ind
     throw std::invalid_argument("PromptOptions: vocab_size and trace_block_tokens must be >= 1");
   const uint64_t own_key = core::splitmix64(o.seed ^ 0x5eedULL),
                  shared_key = core::splitmix64(o.seed ^ 0xb10cULL);
-  std::vector<int32_t> out(static_cast<size_t>(r.input_len));
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(r.input_len) + static_cast<size_t>(std::max(r.output_len, 0)));
+  out.resize(static_cast<size_t>(r.input_len));
   const size_t bt = static_cast<size_t>(o.trace_block_tokens);
   const std::vector<uint64_t>& mix = index_mixes(out.size());  // j % bt <= j < out.size()
   for (size_t j = 0; j < out.size(); ++j) {

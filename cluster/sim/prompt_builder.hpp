@@ -21,6 +21,8 @@ struct PromptOptions {
 };
 
 // request_index: the request's position in its workload (its own tokens).
+// The vector has room for the request's output too (the scheduler appends
+// it to the prompt's tokens: no reallocation and copy at admission).
 std::vector<int32_t> build_prompt(const WorkloadRequest& request, uint64_t request_index,
                                   const PromptOptions& options);
 
