@@ -299,18 +299,38 @@ void Batcher::fail_unplaced(const Request& r, const std::string& error, FinishRe
 }
 
 std::optional<std::string> Batcher::submit(Request request, int64_t now) {
-  const std::string who = "request " + std::to_string(request.id) + ": ";
-  if (where_.count(request.id)) return who + "id is already in use by an unfinished request";
+  const auto who = [&] { return "request " + std::to_string(request.id) + ": "; };
+  if (where_.count(request.id)) return who() + "id is already in use by an unfinished request";
   // Refuse what no live worker could ever run; with none live, wait.
   if (auto why = refused_by_all(request)) return why;
   if (place(request, now)) return std::nullopt;
   if (static_cast<int32_t>(unplaced_.size()) >= options_.max_unplaced) {
-    return who + "no worker can take it now and " + std::to_string(unplaced_.size()) +
+    return who() + "no worker can take it now and " + std::to_string(unplaced_.size()) +
            " requests already wait for one";
   }
   where_[request.id] = 0;
   unplaced_.push_back({std::move(request), now + options_.unplaced_timeout_ns});
   return std::nullopt;
+}
+
+std::optional<std::string> Batcher::choose(const Request& request, uint64_t& worker) {
+  const auto who = [&] { return "request " + std::to_string(request.id) + ": "; };
+  if (where_.count(request.id)) return who() + "id is already in use by an unfinished request";
+  if (auto why = refused_by_all(request)) return why;
+  const Worker* w = pick(request);
+  if (w == nullptr) return who() + "no worker can take it now (a lane's run keeps no request waiting)";
+  worker = w->spec.id;
+  where_[request.id] = worker;
+  return std::nullopt;
+}
+
+void Batcher::admit(uint64_t worker, Request request, Lane& lane) {
+  Worker& w = *lane_worker(worker, "admit");
+  w.lane = &lane;
+  std::optional<std::string> err = w.sched->submit(std::move(request));
+  w.lane = nullptr;
+  if (err) throw std::logic_error("Batcher: a worker refused a request its check() accepted: " + *err);
+  refresh(w);
 }
 
 bool Batcher::finish(uint64_t id, FinishReason reason, const std::string& error) {

@@ -203,6 +203,13 @@ class Batcher {
     std::vector<int32_t> root_tokens_;
   };
   std::optional<std::string> on_result(uint64_t worker, const StepResult& result, int64_t now, Lane& lane);
+  // submit() in two halves, so that a request's admission runs in its
+  // worker's lane: choose() refuses what submit() refuses, picks the worker
+  // and records the request's home (its id's worker, at once); admit(), in
+  // that worker's lane, queues the request on its scheduler. A request that
+  // no worker can take now (submit() would keep it waiting) is refused.
+  std::optional<std::string> choose(const Request& request, uint64_t& worker);
+  void admit(uint64_t worker, Request request, Lane& lane);
   void schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out, Lane& lane);
   // Applies what the lane's calls left waiting (its events stay in it).
   void merge(Lane& lane);

@@ -23,6 +23,7 @@ enum class EventKind : uint8_t {
   kDeadline = 5,      // the batcher's timer for requests waiting for a worker
   kArrival = 6,       // a client sends a request
   kSample = 7,        // record the time series (sees everything else at that time)
+  kAdmit = 8,         // a parallel run's: a request placed at an arrival joins its worker (in its lane)
 };
 
 struct Event {

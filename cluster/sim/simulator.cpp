@@ -60,6 +60,7 @@ struct Worker {
   // heartbeat, is not modelled).
   int64_t cut_from = 0, cut_until = 0;
   core::SchedulerStats last_stats;  // its scheduler's, when it went
+  std::deque<core::Request> admitting;  // a parallel run's: placed on it, to join it in its lane
 
   explicit Worker(const SimWorkerSpec& s, uint64_t worker_id)
       : id(worker_id), spec(&s), table(table_options(s)) {}
@@ -74,7 +75,7 @@ struct Worker {
 
 // Whether events of this kind belong to one worker (target = its index):
 // a parallel run handles them in that worker's lane.
-constexpr bool worker_event(EventKind k) { return k <= EventKind::kResultArrive; }
+constexpr bool worker_event(EventKind k) { return k <= EventKind::kResultArrive || k == EventKind::kAdmit; }
 
 // Where events are handled: the main context (every event of a serial run;
 // a parallel run's arrivals and samples) or a lane (a parallel run's
@@ -552,7 +553,7 @@ class Simulation {
   }
   void run_one(Lane& l, const Event& e) {
     l.ctx.now = l.ctx.event_time = e.time;
-    ++l.ctx.handled;
+    if (e.kind != EventKind::kAdmit) ++l.ctx.handled;  // (the arrival's second half, counted with it)
     handle(l.ctx, e);
     --l.ctx.pending;
     l.last_handled = e;
@@ -582,6 +583,9 @@ class Simulation {
         break;
       case EventKind::kResultArrive:
         result_arrives(c, workers_[e.target]);
+        break;
+      case EventKind::kAdmit:
+        admit(c, workers_[e.target]);
         break;
       default:
         throw std::logic_error("simulation: not a worker's event");
@@ -681,16 +685,31 @@ class Simulation {
     ++m_.outstanding;
     state_[i] = 1;
     if (head_costs_) charge(m_, o_.head.request_ns);
-    if (auto err = batcher_.submit(std::move(r), m_.now)) {
+    uint64_t worker = 0;
+    // A parallel run places the request now (placement reads every worker)
+    // and its worker's lane admits it, in the next phase, at this time.
+    if (auto err = lanes_.empty() ? batcher_.submit(std::move(r), m_.now) : batcher_.choose(r, worker)) {
       t.success = false;
       t.error = *err;
       t.end_ns = m_.now;
       done(m_, i);
       return;
     }
-    const uint64_t worker = batcher_.worker_of(i + 1);
-    m_.touched.push_back(worker);
-    if (!lanes_.empty()) ++lanes_[(worker - 1) % lanes_.size()].ctx.owned;
+    if (lanes_.empty()) {
+      m_.touched.push_back(batcher_.worker_of(i + 1));
+      return;
+    }
+    workers_[worker - 1].admitting.push_back(std::move(r));
+    ++lanes_[(worker - 1) % lanes_.size()].ctx.owned;
+    push_work(m_.now, EventKind::kAdmit, worker - 1);
+  }
+
+  // A parallel run's: the request placed on w at an arrival joins it.
+  void admit(Ctx& c, Worker& w) {
+    batcher_.admit(w.id, std::move(w.admitting.front()), *c.lane);
+    w.admitting.pop_front();
+    c.touched.push_back(w.id);
+    head_changed(c);
   }
 
   void done(Ctx& c, size_t i) {

@@ -1,8 +1,9 @@
-// Batcher lanes: on_result and schedule for one worker that leave the shared
-// state to merge(). Driven in another order of the workers, across two
-// lanes, they must do what the plain calls do: the same tokens, the same
-// finishes, the same placement after each merge (the prefix-affinity index
-// and the requests' homes follow).
+// Batcher lanes: on_result, schedule and admit for one worker that leave the
+// shared state to merge(). Driven in another order of the workers, across two
+// lanes, with requests placed by choose() and admitted in their lanes, they
+// must do what the plain calls do: the same tokens, the same finishes, the
+// same placement after each merge (the prefix-affinity index and the
+// requests' homes follow).
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -102,7 +103,11 @@ TEST(BatcherLane, LaneCallsDoWhatPlainCallsDo) {
       prompt.insert(prompt.end(), own.begin(), own.end());
       const int32_t max_tokens = 3 + static_cast<int32_t>(next % 11);
       ASSERT_FALSE(plain.b.submit(make_request(next, prompt, max_tokens), plain.now));
-      ASSERT_FALSE(laned.b.submit(make_request(next, prompt, max_tokens), laned.now));
+      // Laned: placed now, admitted in its worker's lane.
+      uint64_t worker = 0;
+      const Request r = make_request(next, prompt, max_tokens);
+      ASSERT_FALSE(laned.b.choose(r, worker));
+      laned.b.admit(worker, r, laned.lane_of(worker));
       EXPECT_EQ(laned.b.worker_of(next), plain.b.worker_of(next)) << "request " << next;
     }
     plain.round();
@@ -138,6 +143,13 @@ TEST(BatcherLane, LaneCallsNeedNoRequestWaitingAndAKnownWorker) {
   ASSERT_EQ(b.num_unplaced(), 0);
   EXPECT_THROW(b.schedule(0, 7, plans, lane), std::logic_error);
   EXPECT_THROW(b.on_result(7, StepResult{}, 0, lane), std::logic_error);
+  uint64_t worker = 0;
+  EXPECT_TRUE(b.choose(make_request(1, range_tokens(8), 2), worker)) << "an id in use is refused";
+  EXPECT_TRUE(b.choose(make_request(2, range_tokens(500), 2), worker)) << "too long for every worker";
+  ASSERT_FALSE(b.choose(make_request(2, range_tokens(8), 2), worker));
+  EXPECT_EQ(worker, 1u);
+  EXPECT_EQ(b.worker_of(2), 1u);
+  EXPECT_THROW(b.admit(7, make_request(3, range_tokens(8), 2), lane), std::logic_error);
 }
 
 TEST(BatcherLane, AResultThatDoesNotFitIsReturnedAndTheWorkerStays) {
