@@ -463,27 +463,30 @@ class Simulation {
       second.wait(idle_main);
       merge_lanes();
     };
+    // The serial run ends with the event that finished the last request: the
+    // latest of the lanes' last finishing events and the main context's (a
+    // request refused at its arrival). A lane that stopped at its own runs its
+    // events before that one; then both lanes check what the tables put off.
+    Event main_finish;  // the main context's last event that finished a request
+    const auto end = [&] {
+      Phase p;
+      p.mode = Phase::kUntilEnd;
+      p.end = main_finish;
+      for (const Lane& l : lanes_)
+        if (before(p.end, l.last_finish)) p.end = l.last_finish;
+      both(p);
+      m_.now = m_.event_time = p.end.time;
+      p.mode = Phase::kCheck;
+      both(p);
+      for (const Lane& l : lanes_) tables_refused_ = tables_refused_ || l.refused;
+    };
     for (;;) {
       const Event* g = events_.peek();
       Phase p;
       p.limit = g != nullptr ? g->time : std::numeric_limits<int64_t>::max();
       p.last = events_.arrivals_left() == 0;  // no request left to send: a lane stops at its last one
       both(p);
-      if (finished() >= total) {
-        // The serial run ends with the event that finished the last request:
-        // the latest of the lanes' last finishing events. A lane that stopped
-        // at its own runs its events before that one.
-        p.mode = Phase::kUntilEnd;
-        p.end = lanes_[0].last_finish;
-        for (const Lane& l : lanes_)
-          if (before(p.end, l.last_finish)) p.end = l.last_finish;
-        both(p);
-        m_.now = m_.event_time = p.end.time;
-        p.mode = Phase::kCheck;  // what the tables put off, both lanes at once
-        both(p);
-        for (const Lane& l : lanes_) tables_refused_ = tables_refused_ || l.refused;
-        return;
-      }
+      if (finished() >= total) return end();
       // A lane that stopped at its last request runs on to the limit: others remain.
       if (std::any_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.stopped; })) {
         for (Lane& l : lanes_) l.stopped = false;
@@ -494,9 +497,12 @@ class Simulation {
       const Event e = events_.pop();
       m_.now = m_.event_time = e.time;
       ++m_.handled;
+      const int64_t finished_before = m_.finished;
       handle_global(e, total);
       if (e.kind != EventKind::kSample) --m_.pending;
       progress(total);
+      if (m_.finished != finished_before) main_finish = e;
+      if (finished() >= total) return end();
     }
   }
 

@@ -157,6 +157,25 @@ TEST(SimulatorParallel, RefusalsAndFailuresAreTheSerialRun) {
   expect_same_run(w, o, "overlong requests clipped");
 }
 
+TEST(SimulatorParallel, ARunThatEndsWithARefusalIsTheSerialRun) {
+  // The last request arrives long after the others finished and is refused
+  // at once (too long for every worker): the run ends at its arrival, in the
+  // main thread, not at the lanes' last event.
+  std::vector<WorkloadRequest> w;
+  for (int i = 0; i < 20; ++i) w.push_back(request(i * kMs, 30, 10));
+  w.push_back(request(5'000 * kMs, 5000, 10));
+  SimOptions o;
+  o.workers = {worker(constant_cost(2 * kMs)), worker(constant_cost(3 * kMs))};
+  o.overlong = OverlongPolicy::kFail;
+  expect_same_run(w, o, "the last request refused");
+  const SimResult r = simulate(w, o);
+  EXPECT_FALSE(r.requests.back().success);
+  EXPECT_EQ(r.end_ns, 5'000 * kMs);
+  std::vector<WorkloadRequest> refused;
+  for (int i = 0; i < 4; ++i) refused.push_back(request(i * kMs, 5000, 10));
+  expect_same_run(refused, o, "every request refused");
+}
+
 TEST(SimulatorParallel, RunsThatCannotSplitRunSerially) {
   // A concurrency limit, a fault, a step log: the parallel option changes
   // nothing there (they run serially), and the step log still has every step.
