@@ -172,9 +172,9 @@ class Batcher {
   // events (no allocation per step for a caller that keeps one vector).
   void take_events(std::vector<RequestEvent>& out);
 
-  // Lanes: on_result and schedule for one worker that leave the state all
-  // workers share alone, so that threads can each drive their own workers at
-  // once (the simulator's parallel run), one lane each. What the calls would
+  // Lanes: on_result, schedule and admit for one worker that leave the state
+  // all workers share alone, so that threads can each drive their own
+  // workers at once (the simulator's parallel run), one lane each. What the calls would
   // change of the shared state waits in the lane — the events they produce,
   // the requests that finished, the first blocks the worker cached or evicted
   // (the prefix-affinity index) — until merge(lane), which the caller makes
@@ -195,7 +195,7 @@ class Batcher {
       uint64_t worker;
       bool cached;
       int32_t n;
-      size_t offset;  // into root_tokens
+      size_t offset;  // into root_tokens_
     };
     std::vector<RequestEvent> collected_;  // collect()'s buffer
     std::vector<uint64_t> finished_;       // requests to forget (where_)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -114,7 +115,8 @@ struct Lane {
   std::deque<std::pair<size_t, core::StepPlan>> unchecked;  // (worker index, plan)
   core::PreparedStep prepared;
   std::vector<core::SeqOutput> outputs;
-  bool refused = false;  // a table refused an item
+  bool refused = false;      // a table refused an item
+  std::exception_ptr error;  // a check threw (rethrown when the run ends)
 };
 
 // Spins until `ready` holds: a phase is tens of microseconds of work, which
@@ -145,7 +147,12 @@ class PromptsAhead {
     if (!claimed_.compare_exchange_strong(i, i + 1, std::memory_order_acq_rel))
       return true;  // another took it
     Slot& s = slots_[i % kAhead];
-    s.tokens = build_(i);
+    try {
+      s.tokens = build_(i);
+      s.failed = false;
+    } catch (...) {
+      s.failed = true;  // take() builds it again, on its thread, and throws there
+    }
     s.ready.store(static_cast<int64_t>(i), std::memory_order_release);
     return true;
   }
@@ -159,7 +166,7 @@ class PromptsAhead {
     } else {
       Slot& s = slots_[i % kAhead];
       spin_until([&] { return s.ready.load(std::memory_order_acquire) == static_cast<int64_t>(i); });
-      tokens = std::move(s.tokens);
+      tokens = s.failed ? build_(i) : std::move(s.tokens);
     }
     taken_.store(i + 1, std::memory_order_release);
     return tokens;
@@ -170,6 +177,7 @@ class PromptsAhead {
   struct Slot {
     std::atomic<int64_t> ready{-1};  // the index whose prompt it holds
     std::vector<int32_t> tokens;
+    bool failed = false;  // building it threw
   };
   const size_t n_;
   std::function<std::vector<int32_t>(size_t)> build_;
@@ -478,7 +486,10 @@ class Simulation {
       m_.now = m_.event_time = p.end.time;
       p.mode = Phase::kCheck;
       both(p);
-      for (const Lane& l : lanes_) tables_refused_ = tables_refused_ || l.refused;
+      for (const Lane& l : lanes_) {
+        if (l.error) std::rethrow_exception(l.error);
+        tables_refused_ = tables_refused_ || l.refused;
+      }
     };
     for (;;) {
       const Event* g = events_.peek();
@@ -569,7 +580,12 @@ class Simulation {
   bool check_one(Lane& l) {
     if (l.unchecked.empty()) return false;
     auto& [index, plan] = l.unchecked.front();
-    if (!l.refused && !check_plan(workers_[index].table, plan, l.prepared, l.outputs)) l.refused = true;
+    try {
+      if (!l.refused && !l.error && !check_plan(workers_[index].table, plan, l.prepared, l.outputs))
+        l.refused = true;
+    } catch (...) {
+      l.error = std::current_exception();  // (an idle moment must not throw)
+    }
     l.unchecked.pop_front();
     return true;
   }

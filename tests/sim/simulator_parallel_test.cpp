@@ -176,6 +176,19 @@ TEST(SimulatorParallel, ARunThatEndsWithARefusalIsTheSerialRun) {
   expect_same_run(refused, o, "every request refused");
 }
 
+TEST(SimulatorParallel, AnErrorOnEitherThreadIsThrownToTheCaller) {
+  // Prompts are built ahead by whichever thread waits: one that cannot be
+  // built (no vocabulary) throws to the caller as in a serial run, never
+  // from a thread that has nowhere to throw to.
+  const auto w = poisson(40, 200, 4, "uniform:40:0.5", "uniform:20:0.5");
+  SimOptions o = unlike_workers();
+  o.prompts.vocab_size = 0;
+  EXPECT_THROW(simulate(w, o), std::invalid_argument);
+  o.parallel = true;
+  for (int i = 0; i < 20; ++i)  // which thread builds the first prompts is a race: run it often
+    EXPECT_THROW(simulate(w, o), std::invalid_argument) << i;
+}
+
 TEST(SimulatorParallel, RunsThatCannotSplitRunSerially) {
   // A concurrency limit, a fault, a step log: the parallel option changes
   // nothing there (they run serially), and the step log still has every step.
