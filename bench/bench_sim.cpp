@@ -35,6 +35,8 @@ namespace {
 // The workers' tables go on a second thread when this process may use a
 // second CPU (as `troupe simulate` decides).
 bool tables_on_thread() { return troupe::model::usable_cpus() >= 2; }
+// With a second CPU the run is parallel (two lanes) unless TROUPE_SIM_SERIAL is set (to compare).
+bool parallel_run() { return tables_on_thread() && !std::getenv("TROUPE_SIM_SERIAL"); }
 
 sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t workers, int32_t n_positions) {
   sim::SimOptions o;
@@ -50,7 +52,7 @@ sim::SimOptions options(std::shared_ptr<const sim::CostModel> cost, int32_t work
   }
   o.sample_interval_ns = 10'000'000'000;
   o.tables_on_thread = tables_on_thread();
-  o.parallel = tables_on_thread() && !std::getenv("TROUPE_SIM_SERIAL");  // (set: the serial run, to compare)
+  o.parallel = parallel_run();
   return o;
 }
 
@@ -141,9 +143,11 @@ int main(int argc, char** argv) {
   const int32_t n_positions = profile.model.n_positions;
   std::printf("cost model: %s (%s, %s), steps %gx as fast\n", cost_path.c_str(), profile.processor.c_str(),
               profile.thread_summary.c_str(), speedup);
-  std::printf("running on: %s; the simulation on one thread, the workers' tables %s\n",
-              troupe::core::cpu_model_name().c_str(),
-              tables_on_thread() ? "on a second one" : "in line (one CPU)");
+  std::printf("running on: %s; %s\n", troupe::core::cpu_model_name().c_str(),
+              parallel_run() ? "the workers' events in two lanes on two threads, the tables checked when a "
+                               "thread would wait (docs/simulation.md, \"Two lanes\")"
+              : tables_on_thread() ? "serial (TROUPE_SIM_SERIAL), the workers' tables on a second thread"
+                                   : "serial, the workers' tables in line (one CPU)");
   std::printf("heap: %s, malloc %s\n",
               troupe::core::heap_huge_pages_requested()
                   ? "transparent huge pages (glibc.malloc.hugetlb=1)"
