@@ -148,15 +148,16 @@ std::optional<std::string> Batcher::add_worker(const WorkerSpec& spec) {
   return std::nullopt;
 }
 
+void Batcher::apply_root_change(uint64_t worker, const int32_t* tokens, int32_t n, bool cached) {
+  if (cached)
+    roots_->add(worker, tokens, n);
+  else
+    roots_->remove(worker, tokens, n);
+}
+
 void Batcher::root_changed(Worker& w, const int32_t* tokens, bool cached) {
   const int32_t bs = w.spec.scheduler.block_size;
-  if (w.lane == nullptr) {
-    if (cached)
-      roots_->add(w.spec.id, tokens, bs);
-    else
-      roots_->remove(w.spec.id, tokens, bs);
-    return;
-  }
+  if (w.lane == nullptr) return apply_root_change(w.spec.id, tokens, bs, cached);
   Lane& l = *w.lane;
   l.roots_.push_back({w.spec.id, cached, bs, l.root_tokens_.size()});
   l.root_tokens_.insert(l.root_tokens_.end(), tokens, tokens + bs);
@@ -298,15 +299,19 @@ void Batcher::fail_unplaced(const Request& r, const std::string& error, FinishRe
   where_.erase(r.id);
 }
 
-std::optional<std::string> Batcher::submit(Request request, int64_t now) {
-  const auto who = [&] { return "request " + std::to_string(request.id) + ": "; };
-  if (where_.count(request.id)) return who() + "id is already in use by an unfinished request";
+std::optional<std::string> Batcher::refusal(const Request& request) const {
+  if (where_.count(request.id))
+    return "request " + std::to_string(request.id) + ": id is already in use by an unfinished request";
   // Refuse what no live worker could ever run; with none live, wait.
-  if (auto why = refused_by_all(request)) return why;
+  return refused_by_all(request);
+}
+
+std::optional<std::string> Batcher::submit(Request request, int64_t now) {
+  if (auto why = refusal(request)) return why;
   if (place(request, now)) return std::nullopt;
   if (static_cast<int32_t>(unplaced_.size()) >= options_.max_unplaced) {
-    return who() + "no worker can take it now and " + std::to_string(unplaced_.size()) +
-           " requests already wait for one";
+    return "request " + std::to_string(request.id) + ": no worker can take it now and " +
+           std::to_string(unplaced_.size()) + " requests already wait for one";
   }
   where_[request.id] = 0;
   unplaced_.push_back({std::move(request), now + options_.unplaced_timeout_ns});
@@ -314,23 +319,38 @@ std::optional<std::string> Batcher::submit(Request request, int64_t now) {
 }
 
 std::optional<std::string> Batcher::choose(const Request& request, uint64_t& worker) {
-  const auto who = [&] { return "request " + std::to_string(request.id) + ": "; };
-  if (where_.count(request.id)) return who() + "id is already in use by an unfinished request";
-  if (auto why = refused_by_all(request)) return why;
+  if (auto why = refusal(request)) return why;
   const Worker* w = pick(request);
-  if (w == nullptr) return who() + "no worker can take it now (a lane's run keeps no request waiting)";
+  if (w == nullptr)
+    return "request " + std::to_string(request.id) +
+           ": no worker can take it now (a lane's run keeps no request waiting)";
   worker = w->spec.id;
   where_[request.id] = worker;
   return std::nullopt;
 }
 
+// A lane call on one worker: checks it may run (lane_worker) and sends the
+// worker's root changes to the lane while it runs.
+class Batcher::LaneCall {
+ public:
+  LaneCall(const Batcher& b, uint64_t worker, const char* what, Lane& lane)
+      : w_(*b.lane_worker(worker, what)) {
+    w_.lane = &lane;
+  }
+  ~LaneCall() { w_.lane = nullptr; }
+  LaneCall(const LaneCall&) = delete;
+  LaneCall& operator=(const LaneCall&) = delete;
+  Worker& worker() const { return w_; }
+
+ private:
+  Worker& w_;
+};
+
 void Batcher::admit(uint64_t worker, Request request, Lane& lane) {
-  Worker& w = *lane_worker(worker, "admit");
-  w.lane = &lane;
-  std::optional<std::string> err = w.sched->submit(std::move(request));
-  w.lane = nullptr;
-  if (err) throw std::logic_error("Batcher: a worker refused a request its check() accepted: " + *err);
-  refresh(w);
+  const LaneCall call(*this, worker, "admit", lane);
+  if (auto err = call.worker().sched->submit(std::move(request)))
+    throw std::logic_error("Batcher: a worker refused a request its check() accepted: " + *err);
+  refresh(call.worker());
 }
 
 bool Batcher::finish(uint64_t id, FinishReason reason, const std::string& error) {
@@ -453,15 +473,13 @@ Batcher::Worker* Batcher::lane_worker(uint64_t id, const char* what) const {
 
 std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult& result, int64_t now,
                                               Lane& lane) {
-  Worker& w = *lane_worker(worker, "on_result");
-  w.lane = &lane;
+  const LaneCall call(*this, worker, "on_result", lane);
+  Worker& w = call.worker();
   try {
     w.sched->on_step_done(result);
   } catch (const std::invalid_argument& e) {
-    w.lane = nullptr;
     return "worker " + std::to_string(worker) + " sent a result that does not fit its plan: " + e.what();
   }
-  w.lane = nullptr;
   refresh(w);
   took_result(w, result, now);
   collect(w, &lane);
@@ -470,27 +488,15 @@ std::optional<std::string> Batcher::on_result(uint64_t worker, const StepResult&
 
 void Batcher::schedule(int64_t now, uint64_t worker, std::vector<Dispatch>& out, Lane& lane) {
   out.clear();
-  Worker& w = *lane_worker(worker, "schedule");
-  w.lane = &lane;
-  try {
-    plan(worker, w, now, out, &lane);
-  } catch (...) {
-    w.lane = nullptr;
-    throw;
-  }
-  w.lane = nullptr;
+  const LaneCall call(*this, worker, "schedule", lane);
+  plan(worker, call.worker(), now, out, &lane);
 }
 
 void Batcher::merge(Lane& lane) {
   for (uint64_t id : lane.finished_) where_.erase(id);
   lane.finished_.clear();
-  for (const Lane::RootChange& c : lane.roots_) {
-    const int32_t* tokens = lane.root_tokens_.data() + c.offset;
-    if (c.cached)
-      roots_->add(c.worker, tokens, c.n);
-    else
-      roots_->remove(c.worker, tokens, c.n);
-  }
+  for (const Lane::RootChange& c : lane.roots_)
+    apply_root_change(c.worker, lane.root_tokens_.data() + c.offset, c.n, c.cached);
   lane.roots_.clear();
   lane.root_tokens_.clear();
 }

@@ -272,8 +272,14 @@ class Batcher {
   void took_result(Worker& w, const StepResult& result, int64_t now);
   // Worker w's root observer: to the index, or to the lane of the call that runs.
   void root_changed(Worker& w, const int32_t* tokens, bool cached);
+  // A worker's first block cached or evicted, into the prefix-affinity index.
+  void apply_root_change(uint64_t worker, const int32_t* tokens, int32_t n, bool cached);
   // The lane checks: no unplaced request, a known worker.
   Worker* lane_worker(uint64_t id, const char* what) const;
+  class LaneCall;
+  // What submit() and choose() refuse before placement: an id in use, a
+  // request no live worker could ever run.
+  std::optional<std::string> refusal(const Request& request) const;
 
   BatcherOptions options_;
   std::map<uint64_t, std::unique_ptr<Worker>> workers_;  // by id: deterministic iteration

@@ -108,7 +108,7 @@ struct Lane {
   EventQueue queue;
   bool stopped = false;  // at its last request (run_lane's `last`)
   Event last_finish;     // the event that finished its last request then
-  Event last_handled;
+  Event last_handled;    // the last event it handled
   // With the tables put off (Simulation::tables_later_): the plans its
   // workers started, not yet checked by their tables, oldest first, checked
   // by the lane's own thread when it has nothing else to do.
@@ -129,6 +129,18 @@ void spin_until(const Ready& ready) {
 #endif
     if (spins > 4096) std::this_thread::yield();  // the other side is not running: give it the CPU
   }
+}
+
+// spin_until(done), running `idle` meanwhile until it says there is nothing
+// to do.
+template <typename Done>
+void spin_until_idling(const Done& done, const std::function<bool()>& idle) {
+  bool busy = true;
+  spin_until([&] {
+    if (done()) return true;
+    busy = busy && idle();
+    return false;
+  });
 }
 
 // Prompts of the arrivals to come, built ahead by whichever thread has
@@ -202,12 +214,7 @@ class PhaseThread {
   // Waits for the work asked for, running `idle` meanwhile; rethrows what it threw.
   void wait(const std::function<bool()>& idle) {
     const uint64_t n = asked_.load(std::memory_order_relaxed);
-    bool busy = true;
-    spin_until([&] {
-      if (done_.load(std::memory_order_acquire) == n) return true;
-      busy = busy && idle();
-      return false;
-    });
+    spin_until_idling([&] { return done_.load(std::memory_order_acquire) == n; }, idle);
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
@@ -215,13 +222,11 @@ class PhaseThread {
   void loop() {
     uint64_t seen = 0;
     for (;;) {
-      bool busy = true;
-      spin_until([&] {
-        if (asked_.load(std::memory_order_acquire) != seen || quit_.load(std::memory_order_acquire))
-          return true;
-        busy = busy && idle_();
-        return false;
-      });
+      spin_until_idling(
+          [&] {
+            return asked_.load(std::memory_order_acquire) != seen || quit_.load(std::memory_order_acquire);
+          },
+          idle_);
       if (asked_.load(std::memory_order_acquire) == seen) return;  // quit, nothing asked
       seen = asked_.load(std::memory_order_acquire);
       try {
@@ -419,24 +424,28 @@ class Simulation {
   void run_serial(int64_t total) {
     while (finished() < total) {
       if (events_.empty() || only_samples_left()) stalled(total);
-      const Event e = events_.pop();
-      m_.now = m_.event_time = e.time;
-      ++m_.handled;
-      // A head with a cost is one server: its events wait for it, in order.
-      const bool at_head = head_costs_ && e.kind != EventKind::kStepDone &&
-                           e.kind != EventKind::kPlanArrive && e.kind != EventKind::kSample;
-      if (at_head && head_free_ > m_.now) {
-        result_.head_max_wait_ns = std::max(result_.head_max_wait_ns, head_free_ - m_.now);
-        m_.now = head_free_;
-      }
-      if (worker_event(e.kind))
-        handle(m_, e);
-      else
-        handle_global(e, total);
-      if (at_head) head_free_ = m_.now;  // charge() moved it on by the event's cost
-      if (e.kind != EventKind::kSample) --m_.pending;
-      progress(total);
+      main_event(events_.pop(), total);
     }
+  }
+
+  // An event of the main queue, in the main context.
+  void main_event(const Event& e, int64_t total) {
+    m_.now = m_.event_time = e.time;
+    ++m_.handled;
+    // A head with a cost is one server: its events wait for it, in order.
+    const bool at_head = head_costs_ && e.kind != EventKind::kStepDone && e.kind != EventKind::kPlanArrive &&
+                         e.kind != EventKind::kSample;
+    if (at_head && head_free_ > m_.now) {
+      result_.head_max_wait_ns = std::max(result_.head_max_wait_ns, head_free_ - m_.now);
+      m_.now = head_free_;
+    }
+    if (worker_event(e.kind))
+      handle(m_, e);
+    else
+      handle_global(e, total);
+    if (at_head) head_free_ = m_.now;  // charge() moved it on by the event's cost
+    if (e.kind != EventKind::kSample) --m_.pending;
+    progress(total);
   }
 
   // The workers' own events in two lanes on two threads, in phases: each
@@ -506,12 +515,8 @@ class Simulation {
       }
       if (g == nullptr || only_samples_left()) stalled(total);
       const Event e = events_.pop();
-      m_.now = m_.event_time = e.time;
-      ++m_.handled;
       const int64_t finished_before = m_.finished;
-      handle_global(e, total);
-      if (e.kind != EventKind::kSample) --m_.pending;
-      progress(total);
+      main_event(e, total);
       if (m_.finished != finished_before) main_finish = e;
       if (finished() >= total) return end();
     }
@@ -679,12 +684,13 @@ class Simulation {
     return sent;
   }
 
-  // Request i as the client sends it: clipped to the workers' context when
-  // it is longer and the policy clips.
+  // Whether the client shortens request w to the workers' context.
   bool clipped(const WorkloadRequest& w) const {
     return static_cast<int64_t>(w.input_len) + w.output_len > max_model_len_ &&
            o_.overlong == OverlongPolicy::kClip;
   }
+  // Request i as the client sends it: clipped to the workers' context when
+  // it is longer and the policy clips.
   WorkloadRequest sent(size_t i) const {
     WorkloadRequest w = workload_[i];
     if (clipped(w)) {
