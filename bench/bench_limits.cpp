@@ -37,7 +37,7 @@
 //
 //   build/bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]
 //                      [--dtypes float32,bfloat16] [--kv-cache-dtype auto|float32|bfloat16]
-//                      [--floor | --teams | --profile decode1|prefill|decode64]
+//                      [--floor | --teams | --profile decode1|decode1cold|prefill|decode64]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
           "usage: bench_limits [--variants avx512,avx2] [--rounds N] [--threads N]\n"
           "                    [--dtypes float32,bfloat16,int8,int8_g32] [--kv-cache-dtype "
           "auto|float32|bfloat16]\n"
-          "                    [--profile decode1|prefill|decode64]  (that step only, rounds times)\n"
+          "                    [--profile decode1|decode1cold|prefill|decode64]  (that step only, rounds "
+          "times; decode1cold: each after a streaming read)\n"
           "                    [--teams]  (each step on OpenMP regions vs kernel teams, alternating)\n"
           "                    [--floor]  (the batch-1 step against the streaming read just before it)\n");
       return 2;
@@ -179,13 +180,25 @@ int main(int argc, char** argv) {
   const FlatBatch decode1 = bench::step_batch(1, 1, 64), prefill = bench::step_batch(1, 512, 512),
                   decode64 = bench::step_batch(64, 1, 128);
   if (!profile.empty()) {
-    const bool p = profile == "prefill", d1 = profile == "decode1";
+    const bool cold = profile == "decode1cold";
+    const bool p = profile == "prefill", d1 = profile == "decode1" || cold;
     Variant& v = vs.front();
     ScopedKernelIsa scope(v.isa);
+    // decode1cold: each step after a streaming read of twice the last-level cache, as --floor's first.
+    std::unique_ptr<ReadProbe> evict;
+    if (cold)
+      evict =
+          std::make_unique<ReadProbe>(std::max(size_t{512} << 20, 2 * bench::last_level_cache_bytes()), 0);
     for (int r = 0; r < rounds; ++r) {
+      if (evict) {
+        const double gbs = evict->gbs(1);
+        std::printf("read %.1f GB/s, ", gbs);
+      }
       const auto t0 = Clock::now();
       v.model->forward_step(p ? prefill : d1 ? decode1 : decode64, p ? *v.cache_p : d1 ? *v.cache1 : *v.cache64);
-      std::printf("%s %s: %.1f ms\n", profile.c_str(), v.name().c_str(), ms_since(t0));
+      std::printf("%s %s: %.1f ms (kernel team helpers moved off their caller's CPU: %llu so far)\n",
+                  profile.c_str(), v.name().c_str(), ms_since(t0),
+                  static_cast<unsigned long long>(model::kernel_team_moves()));
     }
     return 0;
   }

@@ -75,6 +75,7 @@ bool spin_until(const Done& done) {
 std::atomic<int> g_enabled{-1};  // -1: TROUPE_KERNEL_TEAM not read yet
 // Bumped in a fork()'s child: a team made before it has no helpers there.
 std::atomic<uint64_t> g_fork_generation{0};
+std::atomic<uint64_t> g_moves{0};  // kernel_team_moves()
 thread_local bool t_inside_chunk = false;
 thread_local int t_scope_threads = 0;  // > 0 inside a KernelTeamScope that uses the team: its size
 
@@ -111,6 +112,7 @@ class KernelTeam {
 
   // Chunks [begin + i * chunk, ...) for i < tasks, chunk 0 on the caller.
   void run(int64_t begin, int64_t end, int64_t chunk, int tasks, detail::ChunkFn fn, const void* f) {
+    caller_cpu_ = sched_getcpu();
     begin_ = begin;
     end_ = end;
     chunk_ = chunk;
@@ -146,8 +148,27 @@ class KernelTeam {
     }
   }
 
+  // A helper woken on its caller's CPU (the scheduler may place it there
+  // when the other CPUs are busy for a moment) makes the two take turns on
+  // one CPU, and the scheduler may leave them so for the whole step: batch-1
+  // int8 steps after a streaming read of two other threads took 10-13 ms in
+  // 8 of 20 steps, against 5-7 ms (2026-12-06, Xeon; docs/notes). So it
+  // moves to another CPU it may use: its affinity without the caller's CPU
+  // (the kernel moves it at once), then the whole of it again (it stays
+  // where it is).
+  static void move_off(int cpu, const cpu_set_t& allowed) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2) return;
+    cpu_set_t others = allowed;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof others, &others) != 0) return;
+    g_moves.fetch_add(1, std::memory_order_relaxed);
+    sched_setaffinity(0, sizeof allowed, &allowed);
+  }
+
   void helper_loop(int i) {
     t_inside_chunk = true;  // a kernel that calls back in runs inline here
+    cpu_set_t allowed;      // the CPUs this thread may use, as it started
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
     uint32_t seen = 0;  // the epoch at construction: a region published before this thread ran is still seen
     for (;;) {
       if (!spin_until([&] { return epoch_.load(std::memory_order_acquire) != seen; })) {
@@ -157,6 +178,7 @@ class KernelTeam {
       }
       seen = epoch_.load(std::memory_order_acquire);
       if (stop_) return;
+      if (sched_getcpu() == caller_cpu_) move_off(caller_cpu_, allowed);
       run_chunk(i);
       acks_.fetch_add(1, std::memory_order_release);
     }
@@ -171,6 +193,7 @@ class KernelTeam {
   int tasks_ = 0;
   detail::ChunkFn fn_ = nullptr;
   const void* f_ = nullptr;
+  int caller_cpu_ = -1;  // where the caller published the region
   std::exception_ptr error_;
   std::atomic<bool> failed_{false};
   bool stop_ = false;
@@ -209,6 +232,8 @@ bool kernel_team_enabled() {
 }
 
 void set_kernel_team_enabled(bool on) { g_enabled.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+uint64_t kernel_team_moves() { return g_moves.load(std::memory_order_relaxed); }
 
 int kernel_team_size() { return t_team && t_team->usable() ? t_team->size() : 0; }
 

@@ -37,7 +37,9 @@
 // Thread-safety: each calling thread has its own team (thread_local), sized
 // by its own at::get_num_threads() when its scope opened, so the workers of
 // one process, each with its thread budget (threading.hpp), never share one.
-// A call made from inside a chunk runs inline on its thread. A child made by
+// A call made from inside a chunk runs inline on its thread. A helper that
+// finds itself on its caller's CPU when a region comes moves to another of
+// the CPUs it may use (kernel_team_moves counts it). A child made by
 // fork() starts without teams (the helpers are not copied).
 // TROUPE_KERNEL_TEAM=0 turns the scopes off (read once; any value other than
 // 0 or 1 is refused where it is first read).
@@ -92,5 +94,9 @@ void set_kernel_team_enabled(bool on);
 // The calling thread's team size (its helpers + itself); 0 before its first
 // region on a team.
 int kernel_team_size();
+
+// How many times a helper found itself on its caller's CPU when a region
+// came and moved to another CPU of its affinity (process-wide, since start).
+uint64_t kernel_team_moves();
 
 }  // namespace troupe::model

@@ -1,9 +1,11 @@
 // KernelTeam (model/kernel_team.hpp): at::parallel_for's contract on threads
 // kept between calls: every index once, its chunking, exceptions, nesting,
 // one team per calling thread sized by that thread's budget, helpers that
-// sleep and wake, a fork()'s child; and KernelTeamScope, which only small
+// sleep and wake, a helper that finds itself on its caller's CPU, a fork()'s
+// child; and KernelTeamScope, which only small
 // passes open and which keeps libgomp out of them.
 #include <omp.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -220,6 +222,47 @@ TEST(KernelTeam, SleepingHelpersWakeForTheNextCall) {
     });
     EXPECT_EQ(seen.threads.size(), 2u);
   }
+}
+
+// A helper the scheduler leaves on its caller's CPU would take turns with it
+// for the whole step; at the next region it moves to another CPU it may use,
+// and may use all of them again afterwards.
+TEST(KernelTeam, AHelperOnItsCallersCpuMovesToAnother) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "this process may use one CPU: there is nowhere to move";
+  int a = 0;
+  while (!CPU_ISSET(a, &all)) ++a;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(a, &one);
+  int helper_cpu = -1;
+  cpu_set_t helper_mask;
+  CPU_ZERO(&helper_mask);
+  uint64_t before = 0, after = 0;
+  std::thread([&] {  // a new caller: a new team, whose helper may use every CPU
+    ThreadsGuard guard;
+    at::set_num_threads(2);
+    const KernelTeamScope scope(kSmall);
+    // The helper pins itself to CPU a, then the caller goes there too.
+    kernel_parallel_for(0, 2, 1, [&](int64_t b, int64_t) {
+      if (b == 1) sched_setaffinity(0, sizeof one, &one);
+    });
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    ASSERT_EQ(sched_getcpu(), a);
+    before = kernel_team_moves();
+    kernel_parallel_for(0, 2, 1, [&](int64_t b, int64_t) {
+      if (b != 1) return;
+      helper_cpu = sched_getcpu();
+      sched_getaffinity(0, sizeof helper_mask, &helper_mask);
+    });
+    after = kernel_team_moves();
+    sched_setaffinity(0, sizeof all, &all);
+  })
+      .join();
+  EXPECT_NE(helper_cpu, a);
+  EXPECT_GE(after, before + 1);
+  EXPECT_TRUE(CPU_EQUAL(&helper_mask, &all)) << "the helper may use every CPU again";
 }
 
 TEST(KernelTeam, AForkedChildMakesATeamOfItsOwn) {
