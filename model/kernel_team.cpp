@@ -152,7 +152,8 @@ class KernelTeam {
   // when the other CPUs are busy for a moment) makes the two take turns on
   // one CPU, and the scheduler may leave them so for the whole step: batch-1
   // int8 steps after a streaming read of two other threads took 10-13 ms in
-  // 8 of 20 steps, against 5-7 ms (2026-12-06, Xeon; docs/notes). So it
+  // 8 of 20 steps, against 5-7 ms (2026-12-06, Xeon;
+  // docs/notes/2026-12-06-batch1-pages-and-helpers.md). So it
   // moves to another CPU it may use: its affinity without the caller's CPU
   // (the kernel moves it at once), then the whole of it again (it stays
   // where it is).
