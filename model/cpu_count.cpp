@@ -139,6 +139,48 @@ CgroupQuota cgroup_cpu_quota(const std::string& cgroup_root, const std::string& 
   return q;
 }
 
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::string t = text;
+  t.erase(std::remove_if(t.begin(), t.end(), [](char c) { return c == ' ' || c == '\n' || c == '\t'; }),
+          t.end());
+  if (t.empty()) return cpus;
+  std::istringstream in(t);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t dash = item.find('-');
+    const auto lo = whole_int(item.substr(0, dash));
+    const auto hi = dash == std::string::npos ? lo : whole_int(item.substr(dash + 1));
+    if (!lo || !hi || *lo < 0 || *hi < *lo || *hi >= (1 << 20)) throw malformed("CPU list", text);
+    for (long long c = *lo; c <= *hi; ++c) cpus.push_back(static_cast<int>(c));
+  }
+  if (t.back() == ',') throw malformed("CPU list", text);
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
+std::vector<int> last_level_cache_cpus(int cpu, const std::string& sysfs_cpu) {
+  const fs::path dir = fs::path(sysfs_cpu) / ("cpu" + std::to_string(cpu)) / "cache";
+  long long best_level = -1;
+  std::vector<int> best;
+  for (int i = 0; i < 16; ++i) {
+    const fs::path index = dir / ("index" + std::to_string(i));
+    const auto level = read_file(index / "level"), type = read_file(index / "type"),
+               shared = read_file(index / "shared_cpu_list");
+    if (!level || !type || !shared) continue;
+    const std::vector<std::string> lw = words(*level), tw = words(*type);
+    const auto l = lw.size() == 1 ? whole_int(lw[0]) : std::nullopt;
+    if (!l || tw.size() != 1 || tw[0] == "Instruction" || *l <= best_level) continue;
+    try {
+      best = parse_cpu_list(*shared);
+      best_level = *l;
+    } catch (const std::invalid_argument&) {
+      return {};
+    }
+  }
+  return best;
+}
+
 std::vector<int> affinity_cpu_list() {
   for (int n = 1024; n <= (1 << 20); n *= 2) {
     cpu_set_t* set = CPU_ALLOC(n);

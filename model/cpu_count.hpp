@@ -34,6 +34,17 @@ int affinity_cpus();
 // Their numbers, in increasing order; empty if the call fails.
 std::vector<int> affinity_cpu_list();
 
+// A Linux CPU list ("0-3,8,10-11", sysfs and cpuset style; spaces and a
+// trailing newline allowed), sorted and without repeats. Throws
+// std::invalid_argument naming the text when malformed.
+std::vector<int> parse_cpu_list(const std::string& text);
+
+// The CPUs that share `cpu`'s last-level cache (the highest `level` among its
+// data and unified caches under SYSFS/cpuN/cache/index*/: `shared_cpu_list`);
+// `sysfs_cpu` is /sys/devices/system/cpu (tests pass a fixture folder). Empty
+// when unknown (no such files, or malformed ones).
+std::vector<int> last_level_cache_cpus(int cpu, const std::string& sysfs_cpu = "/sys/devices/system/cpu");
+
 // cgroup v2 `cpu.max` text: "QUOTA PERIOD" (microseconds) gives QUOTA/PERIOD
 // CPUs; "max PERIOD" gives nullopt (no limit). Throws std::invalid_argument
 // naming the text when it is neither.

@@ -17,7 +17,10 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
+
+#include "model/cpu_count.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -154,13 +157,23 @@ class KernelTeam {
   // int8 steps after a streaming read of two other threads took 10-13 ms in
   // 8 of 20 steps, against 5-7 ms (2026-12-06, Xeon;
   // docs/notes/2026-12-06-batch1-pages-and-helpers.md). So it
-  // moves to another CPU it may use: its affinity without the caller's CPU
-  // (the kernel moves it at once), then the whole of it again (it stays
-  // where it is).
-  static void move_off(int cpu, const cpu_set_t& allowed) {
+  // moves to another CPU it may use, near the caller where it can
+  // (detail::helper_move_targets): its affinity set to those (the kernel
+  // moves it at once), then the whole of it again (it stays where it is).
+  // `llc`: the last-level caches' CPUs read so far, by CPU (sysfs costs
+  // 0.2-0.5 ms a read on these VMs: once per CPU the caller is found on).
+  static void move_off(int cpu, const cpu_set_t& allowed, std::unordered_map<int, std::vector<int>>& llc) {
     if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2) return;
-    cpu_set_t others = allowed;
-    CPU_CLR(cpu, &others);
+    std::vector<int> may;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) may.push_back(c);
+    auto near = llc.find(cpu);
+    if (near == llc.end()) near = llc.emplace(cpu, last_level_cache_cpus(cpu)).first;
+    const std::vector<int> to = detail::helper_move_targets(cpu, may, near->second);
+    if (to.empty()) return;
+    cpu_set_t others;
+    CPU_ZERO(&others);
+    for (int c : to) CPU_SET(c, &others);
     if (sched_setaffinity(0, sizeof others, &others) != 0) return;
     g_moves.fetch_add(1, std::memory_order_relaxed);
     sched_setaffinity(0, sizeof allowed, &allowed);
@@ -170,6 +183,7 @@ class KernelTeam {
     t_inside_chunk = true;  // a kernel that calls back in runs inline here
     cpu_set_t allowed;      // the CPUs this thread may use, as it started
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
+    std::unordered_map<int, std::vector<int>> llc;  // move_off's
     uint32_t seen = 0;  // the epoch at construction: a region published before this thread ran is still seen
     for (;;) {
       if (!spin_until([&] { return epoch_.load(std::memory_order_acquire) != seen; })) {
@@ -179,7 +193,7 @@ class KernelTeam {
       }
       seen = epoch_.load(std::memory_order_acquire);
       if (stop_) return;
-      if (sched_getcpu() == caller_cpu_) move_off(caller_cpu_, allowed);
+      if (sched_getcpu() == caller_cpu_) move_off(caller_cpu_, allowed, llc);
       run_chunk(i);
       acks_.fetch_add(1, std::memory_order_release);
     }
@@ -258,6 +272,17 @@ KernelTeamScope::~KernelTeamScope() {
 int kernel_threads() { return t_scope_threads > 0 ? t_scope_threads : at::get_num_threads(); }
 
 namespace detail {
+
+std::vector<int> helper_move_targets(int caller, const std::vector<int>& allowed,
+                                     const std::vector<int>& llc) {
+  std::vector<int> near, any;
+  for (int c : allowed) {
+    if (c == caller) continue;
+    any.push_back(c);
+    if (std::find(llc.begin(), llc.end(), c) != llc.end()) near.push_back(c);
+  }
+  return near.empty() ? any : near;
+}
 
 void kernel_team_run(int64_t begin, int64_t end, int64_t grain, ChunkFn fn, const void* f) {
   if (begin >= end) return;

@@ -39,16 +39,26 @@
 // one process, each with its thread budget (threading.hpp), never share one.
 // A call made from inside a chunk runs inline on its thread. A helper that
 // finds itself on its caller's CPU when a region comes moves to another of
-// the CPUs it may use (kernel_team_moves counts it). A child made by
+// the CPUs it may use, one that shares the caller's last-level cache where
+// there is one (kernel_team_moves counts it). A child made by
 // fork() starts without teams (the helpers are not copied).
 // TROUPE_KERNEL_TEAM=0 turns the scopes off (read once; any value other than
 // 0 or 1 is refused where it is first read).
 
 #include <cstdint>
+#include <vector>
 
 namespace troupe::model {
 
 namespace detail {
+// Where a helper found on its caller's CPU `caller` may go: the CPUs of
+// `allowed` that share the caller's last-level cache (`llc`; empty when
+// unknown) but `caller`, else every CPU of `allowed` but `caller` (the kernel
+// would pick among those without regard to distance: on a host of two
+// sockets, another socket's). Empty: nowhere.
+std::vector<int> helper_move_targets(int caller, const std::vector<int>& allowed,
+                                     const std::vector<int>& llc);
+
 using ChunkFn = void (*)(const void* f, int64_t begin, int64_t end);
 void kernel_team_run(int64_t begin, int64_t end, int64_t grain, ChunkFn fn, const void* f);
 }  // namespace detail

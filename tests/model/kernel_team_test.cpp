@@ -264,6 +264,19 @@ TEST(KernelTeam, AHelperOnItsCallersCpuMovesToAnother) {
   EXPECT_TRUE(CPU_EQUAL(&helper_mask, &all)) << "the helper may use every CPU again";
 }
 
+// Where it moves: beside its caller's last-level cache when it may, never to
+// the caller's own CPU.
+TEST(KernelTeam, AHelperMovesWithinItsCallersLastLevelCache) {
+  using detail::helper_move_targets;
+  const std::vector<int> two_sockets{0, 1, 2, 3, 4, 5, 6, 7}, socket0{0, 1, 2, 3};
+  EXPECT_EQ(helper_move_targets(1, two_sockets, socket0), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(helper_move_targets(5, two_sockets, {4, 5, 6, 7}), (std::vector<int>{4, 6, 7}));
+  // The cache unknown, or none of its other CPUs allowed: any other allowed CPU.
+  EXPECT_EQ(helper_move_targets(1, two_sockets, {}), (std::vector<int>{0, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(helper_move_targets(1, {1, 6}, socket0), (std::vector<int>{6}));
+  EXPECT_TRUE(helper_move_targets(1, {1}, socket0).empty());
+}
+
 TEST(KernelTeam, AForkedChildMakesATeamOfItsOwn) {
   ThreadsGuard guard;
   at::set_num_threads(2);

@@ -102,6 +102,37 @@ TEST(CpuCount, CgroupV2TakesTheTightestQuotaOnThePath) {
   EXPECT_EQ(cgroup_cpu_quota(root.path(), "0::/a/b\n").file, "");
 }
 
+TEST(CpuCount, ParsesLinuxCpuLists) {
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("5"), (std::vector<int>{5}));
+  EXPECT_EQ(parse_cpu_list("3,1-2,2"), (std::vector<int>{1, 2, 3}));  // sorted, once each
+  EXPECT_EQ(parse_cpu_list("\n"), std::vector<int>{});
+  for (const char* bad : {"1-", "-2", "3-1", "a", "1,,2", "1,", "0-99999999"})
+    EXPECT_THROW(parse_cpu_list(bad), std::invalid_argument) << bad;
+}
+
+// The last-level cache is the highest level among the data and unified
+// caches, whatever the index order; unknown means empty.
+TEST(CpuCount, LastLevelCacheCpusFromSysfs) {
+  test::TempDir root;
+  auto cache = [&](int cpu, int index, const std::string& level, const std::string& type,
+                   const std::string& list) {
+    const std::string dir = "cpu" + std::to_string(cpu) + "/cache/index" + std::to_string(index) + "/";
+    write(root.file(dir + "level"), level + "\n");
+    write(root.file(dir + "type"), type + "\n");
+    write(root.file(dir + "shared_cpu_list"), list + "\n");
+  };
+  cache(2, 0, "1", "Data", "2,34");
+  cache(2, 1, "1", "Instruction", "2,34");
+  cache(2, 2, "3", "Unified", "0-15,32-47");  // L3 listed before L2
+  cache(2, 3, "2", "Unified", "2,34");
+  EXPECT_EQ(last_level_cache_cpus(2, root.path()).size(), 32u);
+  EXPECT_EQ(last_level_cache_cpus(2, root.path()).front(), 0);
+  EXPECT_TRUE(last_level_cache_cpus(7, root.path()).empty());  // no files
+  cache(3, 0, "3", "Unified", "0-x");
+  EXPECT_TRUE(last_level_cache_cpus(3, root.path()).empty());  // malformed
+}
+
 TEST(CpuCount, CgroupV2InAContainerReadsTheMountsOwnFile) {
   test::TempDir root;
   write(root.file("cpu.max"), "200000 100000\n");
