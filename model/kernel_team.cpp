@@ -75,6 +75,20 @@ bool spin_until(const Done& done) {
   }
 }
 
+// The calling thread's affinity set to `cpus` (any number of CPUs, as
+// affinity_cpu_list reads them); false when the kernel refuses it.
+bool set_affinity(const std::vector<int>& cpus) {
+  const int n = cpus.empty() ? 1 : *std::max_element(cpus.begin(), cpus.end()) + 1;
+  cpu_set_t* set = CPU_ALLOC(n);
+  if (!set) return false;
+  const size_t bytes = CPU_ALLOC_SIZE(n);
+  CPU_ZERO_S(bytes, set);
+  for (int c : cpus) CPU_SET_S(c, bytes, set);
+  const bool ok = sched_setaffinity(0, bytes, set) == 0;
+  CPU_FREE(set);
+  return ok;
+}
+
 std::atomic<int> g_enabled{-1};  // -1: TROUPE_KERNEL_TEAM not read yet
 // Bumped in a fork()'s child: a team made before it has no helpers there.
 std::atomic<uint64_t> g_fork_generation{0};
@@ -154,7 +168,7 @@ class KernelTeam {
   // A helper woken on its caller's CPU (the scheduler may place it there
   // when the other CPUs are busy for a moment) makes the two take turns on
   // one CPU, and the scheduler may leave them so for the whole step: batch-1
-  // int8 steps after a streaming read of two other threads took 10-13 ms in
+  // int8 steps after a streaming read of two other threads took 9.9-13.0 ms in
   // 8 of 20 steps, against 5-7 ms (2026-12-06, Xeon;
   // docs/notes/2026-12-06-batch1-pages-and-helpers.md). So it
   // moves to another CPU it may use, near the caller where it can
@@ -162,27 +176,20 @@ class KernelTeam {
   // moves it at once), then the whole of it again (it stays where it is).
   // `llc`: the last-level caches' CPUs read so far, by CPU (sysfs costs
   // 0.2-0.5 ms a read on these VMs: once per CPU the caller is found on).
-  static void move_off(int cpu, const cpu_set_t& allowed, std::unordered_map<int, std::vector<int>>& llc) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2) return;
-    std::vector<int> may;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) may.push_back(c);
+  static void move_off(int cpu, const std::vector<int>& allowed,
+                       std::unordered_map<int, std::vector<int>>& llc) {
+    if (allowed.size() < 2 || std::find(allowed.begin(), allowed.end(), cpu) == allowed.end()) return;
     auto near = llc.find(cpu);
     if (near == llc.end()) near = llc.emplace(cpu, last_level_cache_cpus(cpu)).first;
-    const std::vector<int> to = detail::helper_move_targets(cpu, may, near->second);
-    if (to.empty()) return;
-    cpu_set_t others;
-    CPU_ZERO(&others);
-    for (int c : to) CPU_SET(c, &others);
-    if (sched_setaffinity(0, sizeof others, &others) != 0) return;
+    const std::vector<int> to = detail::helper_move_targets(cpu, allowed, near->second);
+    if (to.empty() || !set_affinity(to)) return;
     g_moves.fetch_add(1, std::memory_order_relaxed);
-    sched_setaffinity(0, sizeof allowed, &allowed);
+    set_affinity(allowed);
   }
 
   void helper_loop(int i) {
     t_inside_chunk = true;  // a kernel that calls back in runs inline here
-    cpu_set_t allowed;      // the CPUs this thread may use, as it started
-    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
+    const std::vector<int> allowed = affinity_cpu_list();  // the CPUs it may use, as it started
     std::unordered_map<int, std::vector<int>> llc;  // move_off's
     uint32_t seen = 0;  // the epoch at construction: a region published before this thread ran is still seen
     for (;;) {
