@@ -372,7 +372,10 @@ StepPlan Scheduler::schedule() {
     Sequence* s = planned_[i];
     if (s == nullptr) continue;
     s->plan_index = -1;
-    record.work.push_back({s->id, s->slot, plan.work[i].sample});
+    WorkRef& ref = record.work.emplace_back();  // in place (a braced copy stalls on store forwarding)
+    ref.seq_id = s->id;
+    ref.slot = s->slot;
+    ref.sample = plan.work[i].sample;
     record.scores = record.scores || plan.work[i].score_rows > 0;
     if (k != i) plan.work[k] = std::move(plan.work[i]);
     ++k;

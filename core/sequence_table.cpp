@@ -15,11 +15,16 @@ int64_t blocks_needed(int64_t tokens, int64_t block_size) { return (tokens + blo
 struct SequenceTable::Scratch {
   // Slots [lo, hi) of one block that `seq` writes in the step being
   // prepared; `next`: the block's next range in writes, -1 at the end.
+  // (Constructors, so that emplace_back writes the fields in place: a
+  // braced temporary was built on the stack by narrow stores and copied by
+  // one wide load, which the store buffer cannot forward: a stall each.)
   struct WriteRange {
+    WriteRange(uint64_t s, int32_t l, int32_t h, int32_t n) : seq(s), lo(l), hi(h), next(n) {}
     uint64_t seq;
     int32_t lo, hi, next;
   };
   struct BlockRuns {
+    BlockRuns(int32_t b, int32_t f) : block(b), first(f) {}
     int32_t block;
     int32_t first;
   };
@@ -150,9 +155,10 @@ void SequenceTable::prefetch_entries(const Items& items) {
   }
 }
 
-void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step) {
+void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, const std::vector<SeqChunk>* reuse) {
   prefetch_entries(work);
   size_t k = 0;
+  const size_t n_reuse = reuse != nullptr ? reuse->size() : 0;
   for (const int32_t i : prefetched_) {
     const Entry& en = entries_[static_cast<size_t>(i)];
     if (!en.blocks.empty()) {
@@ -161,8 +167,8 @@ void SequenceTable::prefetch_work(const std::vector<SeqWork>& work, PreparedStep
     }
     if (static_cast<size_t>(en.num_computed) < en.tokens.size())
       __builtin_prefetch(&en.tokens[en.num_computed]);
-    if (k < step.chunks.size()) {  // the reused chunk this item's work goes to, for writing
-      SeqChunk& c = step.chunks[k++];
+    if (k < n_reuse) {  // the reused chunk this item's work goes to, for writing
+      const SeqChunk& c = (*reuse)[k++];
       __builtin_prefetch(&c, 1);
       if (c.block_table.capacity() > 0) __builtin_prefetch(c.block_table.data(), 1);
       if (c.token_ids.capacity() > 0) __builtin_prefetch(c.token_ids.data(), 1);
@@ -207,19 +213,19 @@ bool SequenceTable::writes_clash(uint64_t seq, int64_t start, int64_t end, const
     if (at < 0) {
       at = static_cast<int32_t>(sc.block_runs.size());
       sc.step_blocks.insert(static_cast<uint64_t>(block), at);
-      sc.block_runs.push_back({block, -1});
+      sc.block_runs.emplace_back(block, -1);
     }
     int32_t& first = sc.block_runs[static_cast<size_t>(at)].first;
-    sc.writes.push_back({seq, lo(k), hi(k), first});
+    sc.writes.emplace_back(seq, lo(k), hi(k), first);
     first = static_cast<int32_t>(sc.writes.size() - 1);
   }
   return false;
 }
 
-void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
-  step.step_id = plan.step_id;
-  step.failures.clear();
-  size_t n_chunks = 0;       // step.chunks[0, n_chunks) hold this step's; the rest are reused buffers
+template <typename Accept>
+void SequenceTable::resolve(const StepPlan& plan, std::vector<SeqFailure>& failures,
+                            const std::vector<SeqChunk>* reuse, const Accept& accept) {
+  failures.clear();
   if (++step_epoch_ == 0) {  // wrapped: old marks could read as this step's
     for (Entry& en : entries_) en.step_mark = 0;
     step_epoch_ = 1;
@@ -248,11 +254,11 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     en.sampling = ns.sampling;
   }
 
-  prefetch_work(plan.work, step);
+  prefetch_work(plan.work, reuse);
   const int64_t bs = options_.block_size;
   for (const SeqWork& w : plan.work) {
     auto refuse = [&](const std::string& why, bool retryable) {
-      step.failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + ": " + why, retryable});
+      failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + ": " + why, retryable});
       forget(w.seq_id);
       gone_in_step_.push_back(w.seq_id);
     };
@@ -267,8 +273,7 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
     Entry* found = find(w.seq_id);
     if ((found != nullptr && found->step_mark == step_epoch_) ||
         std::find(gone_in_step_.begin(), gone_in_step_.end(), w.seq_id) != gone_in_step_.end()) {
-      step.failures.push_back(
-          {w.seq_id, "seq " + std::to_string(w.seq_id) + " appears twice in one step", true});
+      failures.push_back({w.seq_id, "seq " + std::to_string(w.seq_id) + " appears twice in one step", true});
       continue;
     }
     if (found == nullptr) {
@@ -322,6 +327,14 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
       continue;
     }
     en.blocks.insert(en.blocks.end(), w.new_blocks.begin(), w.new_blocks.end());
+    accept(en, w, end);
+  }
+}
+
+void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
+  step.step_id = plan.step_id;
+  size_t n_chunks = 0;  // step.chunks[0, n_chunks) hold this step's; the rest are reused buffers
+  resolve(plan, step.failures, &step.chunks, [&](const Entry& en, const SeqWork& w, int64_t end) {
     if (n_chunks == step.chunks.size()) step.chunks.emplace_back();
     SeqChunk& c = step.chunks[n_chunks++];
     c.seq_id = w.seq_id;
@@ -342,8 +355,17 @@ void SequenceTable::prepare(const StepPlan& plan, PreparedStep& step) {
       const auto from = en.tokens.begin() + w.start_pos + 1;
       c.score_ids.assign(from, from + prompt_rows_scored(w.start_pos, w.num_tokens, en.num_prompt));
     }
-  }
+  });
   step.chunks.resize(n_chunks);
+}
+
+bool SequenceTable::advance(const StepPlan& plan, std::vector<SeqFailure>& failures,
+                            const std::function<int32_t(uint64_t seq_id, int32_t position)>& token) {
+  resolve(plan, failures, nullptr, [&](Entry& en, const SeqWork& w, int64_t end) {
+    en.num_computed = static_cast<int32_t>(end);
+    if (w.sample) en.tokens.push_back(token(w.seq_id, static_cast<int32_t>(end)));
+  });
+  return failures.empty();
 }
 
 void SequenceTable::commit(const PreparedStep& step, const std::vector<SeqOutput>& outputs,

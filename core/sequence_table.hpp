@@ -17,6 +17,7 @@
 // SeqFailure and its sequence is forgotten; the rest of the step runs.
 // Torch-free, no threads.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,15 @@ class SequenceTable {
               const std::vector<uint64_t>& failed);
   // The step failed as a whole: forgets every sequence it ran.
   void abort(const PreparedStep& step);
+  // For a worker that runs no model (the simulator's emulated one): checks
+  // `plan` as prepare() does and advances each accepted item as commit()
+  // does after the step, in one pass and without building chunks; a sampling
+  // item appends token(seq_id, position after its last token). Leaves the
+  // table as prepare() then commit() would (each refused item's sequence
+  // forgotten, `failures` as prepare's; each accepted one advanced): no
+  // item's checks read another sequence's state. True when none was refused.
+  bool advance(const StepPlan& plan, std::vector<SeqFailure>& failures,
+               const std::function<int32_t(uint64_t seq_id, int32_t position)>& token);
 
   bool contains(uint64_t seq_id) const { return find(seq_id) != nullptr; }
   size_t size() const { return index_.size(); }
@@ -79,7 +89,16 @@ class SequenceTable {
   // step (a forward pass ran in between; the simulator ran other workers):
   // these ask for all of it at once, in rounds (index slots, entries, then
   // what each entry points to), instead of one miss after another per item.
-  void prefetch_work(const std::vector<SeqWork>& work, PreparedStep& step);
+  // `reuse`: the chunks the items' work goes to, prefetched for writing
+  // (none for advance()).
+  void prefetch_work(const std::vector<SeqWork>& work, const std::vector<SeqChunk>* reuse);
+  // prepare() and advance(): forgets plan.drop, learns plan.new_seqs, checks
+  // each work item (a refusal goes to `failures`, its sequence forgotten) and
+  // calls accept(entry, item, end) for each accepted one, its new blocks
+  // appended to the entry by then. `reuse` as for prefetch_work.
+  template <typename Accept>
+  void resolve(const StepPlan& plan, std::vector<SeqFailure>& failures, const std::vector<SeqChunk>* reuse,
+               const Accept& accept);
   // The first two rounds for any items naming sequences (`seq_id`): index
   // slots, then entries (both ends, for writing); the entries found go to
   // prefetched_.

@@ -8,7 +8,6 @@
 // pushed.
 #include <algorithm>
 #include <cstdint>
-#include <queue>
 #include <stdexcept>
 #include <vector>
 
@@ -42,14 +41,30 @@ class EventQueue {
   // pop() merges them in. Call once, before any push. Throws
   // std::invalid_argument when the times are not in order.
   void set_arrivals(std::vector<int64_t> times);
-  void push(int64_t time, EventKind kind, uint64_t target) { heap_.push({time, kind, pushed_++, target}); }
+  // A binary heap (std::push_heap's layout, whose pop_heap pop() uses)
+  // sifted up by hand: the new event stays in registers until its place is
+  // found, where push_heap would write it and read it straight back, wider
+  // than it was written (a store-forwarding stall at every push).
+  void push(int64_t time, EventKind kind, uint64_t target) {
+    const Event e{time, kind, pushed_++, target};
+    size_t i = heap_.size();
+    heap_.emplace_back();
+    while (i > 0) {
+      const size_t parent = (i - 1) / 2;
+      if (!Later{}(heap_[parent], e)) break;
+      heap_[i] = heap_[parent];
+      i = parent;
+    }
+    heap_[i] = e;
+  }
   Event pop() {
     if (arrival_next()) {
       const uint64_t i = next_arrival_++;
       return {arrivals_[i], EventKind::kArrival, i, i};
     }
-    Event e = heap_.top();
-    heap_.pop();
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    const Event e = heap_.back();
+    heap_.pop_back();
     return e;
   }
   // The event pop() would return next; null when there is none.
@@ -58,7 +73,7 @@ class EventQueue {
       peeked_ = {arrivals_[next_arrival_], EventKind::kArrival, next_arrival_, next_arrival_};
       return &peeked_;
     }
-    return heap_.empty() ? nullptr : &heap_.top();
+    return heap_.empty() ? nullptr : &heap_.front();
   }
   // Listed arrivals not popped yet.
   size_t arrivals_left() const { return arrivals_.size() - next_arrival_; }
@@ -78,9 +93,9 @@ class EventQueue {
     if (next_arrival_ == arrivals_.size()) return false;
     if (heap_.empty()) return true;
     const Event a{arrivals_[next_arrival_], EventKind::kArrival, next_arrival_, 0};
-    return Later{}(heap_.top(), a);
+    return Later{}(heap_.front(), a);
   }
-  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  std::vector<Event> heap_;  // a heap under Later: the earliest event in front
   std::vector<int64_t> arrivals_;
   uint64_t next_arrival_ = 0;
   uint64_t pushed_ = 0;

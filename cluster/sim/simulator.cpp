@@ -113,9 +113,8 @@ struct Lane {
   // workers started, not yet checked by their tables, oldest first, checked
   // by the lane's own thread when it has nothing else to do.
   std::deque<std::pair<size_t, core::StepPlan>> unchecked;  // (worker index, plan)
-  core::PreparedStep prepared;
-  std::vector<core::SeqOutput> outputs;
-  bool refused = false;      // a table refused an item
+  std::vector<core::SeqFailure> failures;                   // check_plan's buffer
+  bool refused = false;                                     // a table refused an item
   std::exception_ptr error;  // a check threw (rethrown when the run ends)
 };
 
@@ -586,8 +585,7 @@ class Simulation {
     if (l.unchecked.empty()) return false;
     auto& [index, plan] = l.unchecked.front();
     try {
-      if (!l.refused && !l.error && !check_plan(workers_[index].table, plan, l.prepared, l.outputs))
-        l.refused = true;
+      if (!l.refused && !l.error && !check_plan(workers_[index].table, plan, l.failures)) l.refused = true;
     } catch (...) {
       l.error = std::current_exception();  // (an idle moment must not throw)
     }
@@ -1086,6 +1084,17 @@ class Simulation {
     if (!w.busy && !w.dead) start(c, w);
   }
 
+  // Appends one of the step's items to w.items, field by field: a braced
+  // temporary would be built on the stack by narrow stores and copied by
+  // wide loads, which the store buffer cannot forward (a stall per item).
+  static void add_item(Worker& w, uint64_t seq, int32_t start, int32_t n, bool sample) {
+    Item& i = w.items.emplace_back();
+    i.seq = seq;
+    i.start = start;
+    i.n = n;
+    i.sample = sample;
+  }
+
   void start(Ctx& c, Worker& w) {
     w.current = std::move(w.queue.front());
     w.queue.pop_front();
@@ -1096,10 +1105,10 @@ class Simulation {
     if (o_.worker_tables && !checker_ && !tables_later_) {
       w.table.prepare(w.current, w.prepared);
       for (const core::SeqChunk& k : w.prepared.chunks)
-        w.items.push_back({k.seq_id, k.start_pos, static_cast<int32_t>(k.token_ids.size()), k.sample});
+        add_item(w, k.seq_id, k.start_pos, static_cast<int32_t>(k.token_ids.size()), k.sample);
     } else {
       for (const core::SeqWork& x : w.current.work)
-        w.items.push_back({x.seq_id, x.start_pos, x.num_tokens, x.sample});
+        add_item(w, x.seq_id, x.start_pos, x.num_tokens, x.sample);
       if (checker_) checker_->submit(w.id - 1, w.current);
       if (tables_later_) {
         Lane& l = lane_of(w.id - 1);

@@ -84,22 +84,15 @@ void TableChecker::loop() {
   }
 }
 
-bool check_plan(core::SequenceTable& table, const core::StepPlan& plan, core::PreparedStep& prepared,
-                std::vector<core::SeqOutput>& outputs) {
-  table.prepare(plan, prepared);
-  if (!prepared.failures.empty()) return false;
-  outputs.clear();
-  for (const core::SeqChunk& c : prepared.chunks) {
-    if (!c.sample) continue;
-    const int32_t end = c.start_pos + static_cast<int32_t>(c.token_ids.size());
-    outputs.push_back({c.seq_id, {fake_token(c.seq_id, end, table.options().vocab_size), 0.0f, {}}});
-  }
-  table.commit(prepared, outputs, {});
-  return true;
+bool check_plan(core::SequenceTable& table, const core::StepPlan& plan,
+                std::vector<core::SeqFailure>& failures) {
+  const int32_t vocab = table.options().vocab_size;
+  return table.advance(plan, failures,
+                       [vocab](uint64_t seq, int32_t pos) { return fake_token(seq, pos, vocab); });
 }
 
 void TableChecker::check(Slot& s) {
-  if (!check_plan(tables_.at(s.worker), s.plan, prepared_, outputs_)) refused_ = true;
+  if (!check_plan(tables_.at(s.worker), s.plan, failures_)) refused_ = true;
 }
 
 bool TableChecker::finish() {

@@ -32,12 +32,14 @@ namespace troupe::cluster::sim {
 // at `position`: any valid id will do (the simulator's requests ignore eos).
 int32_t fake_token(uint64_t seq_id, int32_t position, int32_t vocab);
 
-// Checks and resolves one plan on a worker's table as the real worker
-// would, committing the tokens it samples (fake_token); false when the table
-// refused an item (then nothing is committed). `prepared` and `outputs` are
-// the caller's buffers, kept between plans.
-bool check_plan(core::SequenceTable& table, const core::StepPlan& plan, core::PreparedStep& prepared,
-                std::vector<core::SeqOutput>& outputs);
+// Checks one plan on a worker's table as the real worker would and advances
+// the table past the step, the tokens it samples being fake_token's
+// (SequenceTable::advance: the same checks as prepare(), without building
+// the chunks that only a model reads); false when the table refused an item
+// (the caller then stops checking). `failures` is the caller's buffer, kept
+// between plans.
+bool check_plan(core::SequenceTable& table, const core::StepPlan& plan,
+                std::vector<core::SeqFailure>& failures);
 
 // A simulated worker's SequenceTable: its scheduler's pool, block size,
 // positions and vocabulary (its own pool if table_blocks says so).
@@ -77,8 +79,7 @@ class TableChecker {
   std::atomic<bool> stop_{false}, refused_{false};
   std::exception_ptr error_;  // set by the thread before checked_ moves past its plan
   std::atomic<bool> failed_{false};
-  core::PreparedStep prepared_;  // the thread's
-  std::vector<core::SeqOutput> outputs_;
+  std::vector<core::SeqFailure> failures_;  // the thread's
   bool finished_ = false;
   std::thread thread_;
 };

@@ -102,6 +102,11 @@ class Harness {
   std::map<uint64_t, size_t> tokens_at_submit;           // id -> prompt + outputs it came with
   std::vector<uint64_t> kv;                              // slot -> prefix hash (0 = never written)
   int64_t steps_with_preemption = 0;
+  // When set: a second table that follows every plan through
+  // SequenceTable::advance (a worker without a model: one pass, no chunks)
+  // and must refuse what `worker` refuses and hold what it holds after every
+  // step, faults included.
+  std::optional<SequenceTable> shadow;
   PreparedStep last;               // what the worker ran for the newest plan
   std::deque<StepResult> results;  // run on the worker, not yet delivered
   // Faults for the next step the worker runs: the whole step fails (the
@@ -192,6 +197,16 @@ class Harness {
     if (!expect_worker_failures) {
       for (const auto& f : last.failures) ADD_FAILURE() << "worker refused: " << f.error;
     }
+    if (shadow) {
+      std::vector<SeqFailure> refused;
+      EXPECT_EQ(shadow->advance(plan, refused, script), last.failures.empty());
+      EXPECT_EQ(refused.size(), last.failures.size());
+      for (size_t i = 0; i < std::min(refused.size(), last.failures.size()); ++i) {
+        EXPECT_EQ(refused[i].seq_id, last.failures[i].seq_id);
+        EXPECT_EQ(refused[i].error, last.failures[i].error);
+        EXPECT_EQ(refused[i].retryable, last.failures[i].retryable);
+      }
+    }
     StepResult r;
     r.step_id = plan.step_id;
     const int32_t bs = opts.block_size;
@@ -203,6 +218,10 @@ class Harness {
         }
       }
       worker.abort(last);
+      if (shadow) {
+        shadow->abort(last);  // (it forgets the sequences the step ran: the chunks' ids)
+        check_shadow(plan);
+      }
       r.error = "injected: the forward pass failed";
       return r;
     }
@@ -247,7 +266,27 @@ class Harness {
                ps.end());
     }
     worker.commit(last, r.outputs, failed);
+    if (shadow) {
+      PreparedStep gone;  // the failed items' sequences, which commit() forgot
+      for (uint64_t id : failed) gone.chunks.emplace_back().seq_id = id;
+      shadow->abort(gone);
+      check_shadow(plan);
+    }
     return r;
+  }
+
+  // The shadow table holds what the worker's holds for every sequence the
+  // plan named.
+  void check_shadow(const StepPlan& plan) {
+    EXPECT_EQ(shadow->size(), worker.size());
+    auto same = [&](uint64_t id) {
+      EXPECT_EQ(shadow->contains(id), worker.contains(id)) << "seq " << id;
+      EXPECT_EQ(shadow->num_computed(id), worker.num_computed(id)) << "seq " << id;
+      EXPECT_EQ(shadow->tokens(id), worker.tokens(id)) << "seq " << id;
+    };
+    for (const SeqWork& w : plan.work) same(w.seq_id);
+    for (const NewSequence& n : plan.new_seqs) same(n.seq_id);
+    for (uint64_t id : plan.drop) same(id);
   }
 
   // Writes a chunk's K/V into the shadow pool after checking what it reads.

@@ -58,6 +58,7 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
 
   test::Harness h(o);
   h.expect_worker_failures = faults;
+  h.shadow.emplace(test::table_options(o));  // advance() must follow the worker's prepare() and commit()
   // Scripted tokens: a pure function of (id, position); eos now and then.
   h.script = [](uint64_t id, int32_t pos) {
     uint64_t x = test::mix(id, static_cast<uint64_t>(pos));
@@ -131,6 +132,7 @@ void run_trial(uint64_t seed, int ops, Trial& t) {
       h.sched.check_invariants();
       std::fill(h.kv.begin(), h.kv.end(), 0);  // a fresh worker
       h.worker = SequenceTable(test::table_options(o));
+      h.shadow.emplace(test::table_options(o));
     } else if (r < 70) {
       plan_one();
     } else if (!h.results.empty()) {

@@ -302,5 +302,69 @@ TEST(SequenceTable, ANewSequenceWithBadAdjustmentsIsRefused) {
   }
 }
 
+// advance() (a worker without a model: one pass, no chunks) refuses what
+// prepare() refuses, for the same reasons, and leaves the table as prepare()
+// then commit() do: the refused items' sequences forgotten, the others
+// advanced by their tokens and the token sampled after them.
+TEST(SequenceTable, AdvanceRefusesAndAdvancesAsPrepareThenCommit) {
+  SequenceTable a(options()), b(options());  // 8 blocks of 2 slots
+  const auto token = [](uint64_t id, int32_t pos) { return static_cast<int32_t>(id * 10 + pos) % 100; };
+  std::vector<SeqFailure> refused;
+  auto both = [&](const StepPlan& p) {
+    const PreparedStep s = a.prepare(p);
+    std::vector<SeqOutput> out;
+    for (const SeqChunk& c : s.chunks)
+      if (c.sample)
+        out.push_back(
+            {c.seq_id,
+             SampledToken{
+                 token(c.seq_id, c.start_pos + static_cast<int32_t>(c.token_ids.size())), 0.0f, {}, 0}});
+    a.commit(s, out, {});
+    EXPECT_EQ(b.advance(p, refused, token), s.failures.empty());
+    EXPECT_EQ(refused.size(), s.failures.size());
+    for (size_t i = 0; i < std::min(refused.size(), s.failures.size()); ++i) {
+      EXPECT_EQ(refused[i].seq_id, s.failures[i].seq_id) << i;
+      EXPECT_EQ(refused[i].error, s.failures[i].error) << i;
+      EXPECT_EQ(refused[i].retryable, s.failures[i].retryable) << i;
+    }
+    EXPECT_EQ(a.size(), b.size());
+    for (uint64_t id = 1; id <= 9; ++id) {
+      EXPECT_EQ(a.contains(id), b.contains(id)) << id;
+      EXPECT_EQ(a.num_computed(id), b.num_computed(id)) << id;
+      EXPECT_EQ(a.tokens(id), b.tokens(id)) << id;
+    }
+    return s.failures.size();
+  };
+  StepPlan p = learn(1, {5, 6, 7}, {0, 1});  // blocks 0-1
+  StepPlan two = learn(2, {5}, {2});         // block 2
+  p.new_seqs.push_back(two.new_seqs[0]);
+  p.work.push_back(two.work[0]);
+  p.work.back().sample = false;  // a prefill chunk that samples nothing
+  EXPECT_EQ(both(p), 0u);
+
+  StepPlan q;
+  q.work.push_back({1, 3, 1, {}, true});           // decode at 3: block 1 slot 1
+  q.work.push_back({1, 4, 1, {3}, true});          // seq 1 again: refused, not run
+  q.work.push_back({2, 0, 1, {}, true});           // computed 1, not 0: refused, forgotten
+  q.work.push_back({9, 0, 1, {}, true});           // unknown
+  StepPlan three = learn(3, {5, 6, 7}, {4, 99});   // a block outside the pool
+  StepPlan four = learn(4, {5, 6}, {1});           // block 1 slot 0-1: seq 1 writes slot 1
+  StepPlan five = learn(5, {5, 6, 7, 8}, {5, 6});  // fine
+  for (const StepPlan* x : {&three, &four, &five}) {
+    q.new_seqs.push_back(x->new_seqs[0]);
+    q.work.push_back(x->work[0]);
+  }
+  EXPECT_EQ(both(q), 5u);
+  EXPECT_TRUE(b.contains(1));
+  EXPECT_FALSE(b.contains(2));
+  EXPECT_EQ(b.tokens(5), (std::vector<int32_t>{5, 6, 7, 8, 54}));
+
+  StepPlan r;  // the survivors go on
+  r.work.push_back({1, 4, 1, {3}, true});
+  r.work.push_back({5, 4, 1, {7}, true});
+  EXPECT_EQ(both(r), 0u);
+  EXPECT_EQ(b.num_computed(5), 5);
+}
+
 }  // namespace
 }  // namespace troupe::core
