@@ -144,6 +144,9 @@ std::optional<std::string> Scheduler::submit(Request request) {
 
 void Scheduler::ensure_hashes(Sequence& s, int32_t full_blocks) const {
   const int32_t bs = options_.block_size;
+  // Room for every full block the sequence can reach, once (not a doubling
+  // chain of copies as it grows: one per request, every request).
+  if (s.hashes.capacity() == 0) s.hashes.reserve(s.tokens.capacity() / static_cast<size_t>(bs));
   for (auto i = static_cast<int32_t>(s.hashes.size()); i < full_blocks; ++i) {
     const uint64_t parent = i > 0 ? s.hashes[static_cast<size_t>(i) - 1] : 0;
     s.hashes.push_back(allocator_.hash_block(parent, s.tokens.data() + static_cast<ptrdiff_t>(i) * bs));
@@ -279,6 +282,9 @@ bool Scheduler::try_admit(Sequence& s, int32_t& budget, StepPlan& plan) {
   waiting_.erase(wait_key(s));
   for (int32_t b : hits) allocator_.share(b);
   s.blocks = std::move(hits);
+  // Room for the blocks of the whole sequence (its tokens' capacity: the
+  // prompt and max_tokens), so that growing it token by token reallocates nothing.
+  s.blocks.reserve(static_cast<size_t>(blocks_for(static_cast<int64_t>(s.tokens.capacity()))));
   if (!allocator_.allocate(blocks_for(static_cast<int64_t>(cached) + n) - num_hits, s.blocks)) {
     broken("admission allocation failed after a successful check");
   }
