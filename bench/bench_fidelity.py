@@ -10,7 +10,8 @@ sensitivity gives (--cost-scale -/+ --sensitivity %). The grid's fit alone is pr
   bench/bench_fidelity.py [--model models/gpt2] [--cost COST.json] [--workers 1] [--num-requests 160]
                           [--input-len 128] [--output-len 64] [--range-ratio 0.5] [--loads 0.3,0.7,0.85]
                           [--num-blocks 2048] [--seed 1] [--stat median|min] [--threads N] [--repeats 3]
-                          [--sensitivity 5] [--kv-prefault 1|all|0] [--out DIR]
+                          [--sensitivity 5] [--kv-prefault 1|all|0]
+                          [--order interleaved|by-load] [--out DIR]
 
 Without --cost it profiles the model first (`troupe profile`, a few minutes) with the threads the served
 worker will have, each point's time the median of its runs (--stat median: a served step meets the same
@@ -19,14 +20,15 @@ interference the profile's runs did; the minimum, `troupe profile`'s default, pr
 
 The simulator's head and client are free; here they share the machine, so the workers get the CPUs but one
 (--threads overrides): with the worker's threads competing with the head's, the served latencies were 1.8x
-the simulated ones at 85% load. Each load is served --repeats times (the served system's own spread, printed beside the error); the
-head writes every step (`serve --step-log`), the cost model is calibrated to them (`troupe profile --refit
---calibrate-with`), and each load is simulated again with the other load's calibration and with its own
-(in-sample: the simulator given the served steps' costs); `simulate --step-log` writes the simulated steps
-beside the served ones. --sensitivity: each load is also simulated with every step time 5% shorter and 5%
-longer, and the table says how much each metric moves per 1% of step cost at that load (near saturation a
-small cost error grows: the batch and the step time feed each other). Run from the project root after
-scripts/setup.sh; name the CPU beside the numbers.
+the simulated ones at 85% load. Each load is served --repeats times (the served system's own spread, printed
+beside the error; --order interleaved, the default: every load once a round, the rounds alternating direction,
+so that the machine's slow minutes fall on every load's runs alike); the head writes every step (`serve
+--step-log`), the cost model is calibrated to them (`troupe profile --refit --calibrate-with`), and each load
+is simulated again with the other load's calibration and with its own (in-sample: the simulator given the
+served steps' costs); `simulate --step-log` writes the simulated steps beside the served ones. --sensitivity:
+each load is also simulated with every step time 5% shorter and 5% longer, and the table says how much each
+metric moves per 1% of step cost at that load (near saturation a small cost error grows: the batch and the
+step time feed each other). Run from the project root after scripts/setup.sh; name the CPU beside the numbers.
 """
 import argparse
 import json
@@ -67,6 +69,9 @@ ap.add_argument("--kv-prefault", default="1", choices=["0", "1", "all"],
                 help="the served workers' TROUPE_KV_PREFAULT: 1 (as shipped: KV pages mapped ahead of the blocks in "
                      "use), all (every pool mapped at start, then waited for: the steady state a long-running "
                      "server reaches after its first pass over the pool, which the cost profile's steps see), 0")
+ap.add_argument("--order", default="interleaved", choices=["interleaved", "by-load"],
+                help="the served runs: every load once a round, the rounds alternating direction (default), or each "
+                     "load's runs together (as before 2026-12-07)")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 T = a.troupe
@@ -171,10 +176,10 @@ def compare(load, rate, runs, sim, label, out, targets=None, band=None):
             f"simulated {sim[key]:.2f}, {err:+.1f}%" + (f", band {b[0]:.2f}-{b[1]:.2f}" if b else ""))
 
 
-rows, served, sensitivity = [], {}, []
+rows, served, sensitivity, sims = [], {}, [], {}
 for load in loads:
     rate = round(load * capacity, 4)
-    sim = simulate(rate, f"{load}")
+    sims[load] = sim = simulate(rate, f"{load}")
     if a.sensitivity:
         lo_s, hi_s = 1 - a.sensitivity / 100, 1 + a.sensitivity / 100
         lo, hi = simulate(rate, f"{load}-cost-x{lo_s:g}", lo_s), simulate(rate, f"{load}-cost-x{hi_s:g}", hi_s)
@@ -182,8 +187,20 @@ for load in loads:
             per_pct = 100 * (hi[key] - lo[key]) / sim[key] / (2 * a.sensitivity) if sim[key] else float("nan")
             sensitivity.append({"load": load, "rate": rate, "key": key, "metric": name, "simulated": sim[key],
                                 "at_lower_cost": lo[key], "at_higher_cost": hi[key], "pct_per_pct": per_pct})
-    runs = [measure(rate, f"{load}-r{r}") for r in range(a.repeats)]
-    served[load] = runs
+
+# The served runs. Interleaved (the default): round r serves every load once, in the loads' order in even rounds and
+# the other way in odd ones (0.3 0.7 0.85, 0.85 0.7 0.3, ...), so that each load's runs, and the calibration made
+# from them, span the same minutes as every other load's: on these VMs the cost of a served step moves between runs
+# minutes apart (22.7-33.3 ms for one load on Zen 5), and a calibration made of runs before the ones it predicts
+# carries that move into the prediction (docs/notes/2026-12-07-fidelity-interleaved.md). --order by-load: all of
+# one load's runs, then the next's.
+plan = ([(r, load) for r in range(a.repeats) for load in (loads if r % 2 == 0 else loads[::-1])]
+        if a.order == "interleaved" else [(r, load) for load in loads for r in range(a.repeats)])
+for r, load in plan:
+    served.setdefault(load, []).append(measure(round(load * capacity, 4), f"{load}-r{r}"))
+
+for load in loads:
+    rate, sim, runs = round(load * capacity, 4), sims[load], served[load]
     compare(load, rate, runs, sim, f"load {load:.2f}", rows)
     s_steps, s_busy = sim_busy(sim)
     for r, real in enumerate(runs):
@@ -231,7 +248,7 @@ for i, load in enumerate(loads):
 print(f"CPU: {procs.cpu_name()}; cost profile {cost}; {a.workers} worker(s) x {threads} thread(s); "
       f"{a.num_requests} requests, input {a.input_len}, output {a.output_len} (range ratio {a.range_ratio}), "
       f"Poisson, seed {a.seed}; measured = mean (min-max) of {a.repeats} served runs; "
-      f"TROUPE_KV_PREFAULT={a.kv_prefault}")
+      f"TROUPE_KV_PREFAULT={a.kv_prefault}; served runs {a.order}")
 print("| load (of capacity) | rate req/s | metric | measured (serve + bench) | simulated | error | target |")
 print("|---|---:|---|---:|---:|---:|---|")
 for label, rate, name, mean, lo, hi, sim, err, target, band in rows + calibrated_rows:
