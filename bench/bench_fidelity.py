@@ -152,6 +152,8 @@ log(f"simulated capacity: {capacity:.3f} req/s")
 KEYS = (("median_ttft_ms", "median TTFT ms", 15), ("median_tpot_ms", "median TPOT ms", 10),
         ("output_throughput", "output tok/s", 10))
 loads = [float(x) for x in a.loads.split(",")]
+# Each load's request rate, served and simulated alike.
+rates = {load: round(load * capacity, 4) for load in loads}
 
 
 def spread(runs, key):
@@ -178,7 +180,7 @@ def compare(load, rate, runs, sim, label, out, targets=None, band=None):
 
 rows, served, sensitivity, sims = [], {}, [], {}
 for load in loads:
-    rate = round(load * capacity, 4)
+    rate = rates[load]
     sims[load] = sim = simulate(rate, f"{load}")
     if a.sensitivity:
         lo_s, hi_s = 1 - a.sensitivity / 100, 1 + a.sensitivity / 100
@@ -197,10 +199,10 @@ for load in loads:
 plan = ([(r, load) for r in range(a.repeats) for load in (loads if r % 2 == 0 else loads[::-1])]
         if a.order == "interleaved" else [(r, load) for load in loads for r in range(a.repeats)])
 for r, load in plan:
-    served.setdefault(load, []).append(measure(round(load * capacity, 4), f"{load}-r{r}"))
+    served.setdefault(load, []).append(measure(rates[load], f"{load}-r{r}"))
 
 for load in loads:
-    rate, sim, runs = round(load * capacity, 4), sims[load], served[load]
+    rate, sim, runs = rates[load], sims[load], served[load]
     compare(load, rate, runs, sim, f"load {load:.2f}", rows)
     s_steps, s_busy = sim_busy(sim)
     for r, real in enumerate(runs):
@@ -227,7 +229,7 @@ calibrated_rows = []
 for i, load in enumerate(loads):
     other = ([loads[i - 1] if i > 0 else loads[1]] if len(loads) > 1 else [])
     for src in other + [load]:
-        rate = round(load * capacity, 4)
+        rate = rates[load]
         tag = f"{load}-calibrated-at-{src}"
         out = work / f"sim-{tag}.json"
         cal_flags = [T, "simulate", "--cost", str(work / f"cost-calibrated-{src}.json")] + sim_flags[2:] + workload + \
