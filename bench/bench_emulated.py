@@ -96,6 +96,14 @@ if head_cost == "auto":
     log(r.stdout.strip())
 
 
+def served(head):
+    """Requests ended, step results and tokens the head has seen so far (its status)."""
+    st = head.status()
+    ws = st.get("workers", [])
+    return dict(requests=st.get("requests_served", 0), steps=sum(w.get("steps", 0) for w in ws),
+                tokens=sum(w.get("tokens", 0) for w in ws))
+
+
 def measure(workers, rate, tag):
     head, nodes = procs.emulated_cluster(T, a.model, work, tag, workers, a.per_node, a.cost, a.time_scale,
                                          a.num_blocks, head_env=head_env, head_cpus=head_cpus,
@@ -103,6 +111,7 @@ def measure(workers, rate, tag):
     try:
         out = work / f"bench-{tag}.json"
         cpu0 = procs.cpu_seconds(head.p.pid), sum(procs.cpu_seconds(n.p.pid) for n in nodes)
+        served0, switches0 = served(head), procs.context_switches(head.p.pid)
         t0 = time.monotonic()
         run(procs.pinned(other_cpus) + [T, "bench", "--to", head.to, "--request-rate", str(rate), "--json", str(out)]
             + workload)
@@ -111,6 +120,11 @@ def measure(workers, rate, tag):
         r = json.load(open(out))
         r["head_cpu"] = (cpu1[0] - cpu0[0]) / wall
         r["nodes_cpu"] = (cpu1[1] - cpu0[1]) / wall
+        # What the head did over the run, for a fit of its cost per event (troupe profile --head's terms).
+        served1 = served(head)
+        r["head_events"] = dict({k: served1[k] - served0[k] for k in served0}, wall_s=wall,
+                                cpu_s=cpu1[0] - cpu0[0],
+                                context_switches=procs.context_switches(head.p.pid) - switches0)
         return r
     finally:
         for n in nodes:
@@ -129,7 +143,8 @@ for w in [int(x) for x in a.workers.split(",")]:
         row = dict(workers=w, load=load, rate=rate, ttft_real=real["median_ttft_ms"], ttft_sim=sim["median_ttft_ms"],
                    tpot_real=real["median_tpot_ms"], tpot_sim=sim["median_tpot_ms"],
                    tput_real=real["output_throughput"], tput_sim=sim["output_throughput"],
-                   head_cpu=real["head_cpu"], nodes_cpu=real["nodes_cpu"], failed=real.get("failed", 0))
+                   head_cpu=real["head_cpu"], nodes_cpu=real["nodes_cpu"], failed=real.get("failed", 0),
+                   head_events=real["head_events"])
         if with_head:
             row.update(ttft_head=with_head["median_ttft_ms"], tpot_head=with_head["median_tpot_ms"],
                        head_util=with_head.get("head", {}).get("utilization", 0.0))
@@ -142,16 +157,19 @@ print(f"CPU: {procs.cpu_name()} (head, nodes and bench client on it"
       f"{f'; head failpoints {a.head_failpoints}' if a.head_failpoints else ''}"
       f"{f'; head cost {head_cost}' if head_cost else ''}")
 print("| workers | load | rate req/s | TTFT median real / sim ms | added | TPOT median real / sim ms | added | "
-      "output tok/s real / sim | head CPU | nodes CPU |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "output tok/s real / sim | head CPU | head CPU µs a step | head's switches an event | nodes CPU |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 first = None
 for r in rows:
+    e = r["head_events"]  # the head's CPU per step result (requests and tokens included), its context switches
     added = r["ttft_real"] - r["ttft_sim"]
     if first is None and added > 5:
         first = r
     print(f"| {r['workers']} | {r['load']:.2f} | {r['rate']:.2f} | {r['ttft_real']:.1f} / {r['ttft_sim']:.1f} | "
           f"{added:+.1f} | {r['tpot_real']:.2f} / {r['tpot_sim']:.2f} | {r['tpot_real'] - r['tpot_sim']:+.2f} | "
-          f"{r['tput_real']:.0f} / {r['tput_sim']:.0f} | {100 * r['head_cpu']:.0f}% | {100 * r['nodes_cpu']:.0f}% |")
+          f"{r['tput_real']:.0f} / {r['tput_sim']:.0f} | {100 * r['head_cpu']:.0f}% | "
+          f"{1e6 * e['cpu_s'] / max(1, e['steps']):.0f} | "
+          f"{e['context_switches'] / max(1, e['requests'] + e['steps']):.1f} | {100 * r['nodes_cpu']:.0f}% |")
 print("first run where the head adds > 5 ms to the median TTFT:",
       f"{first['workers']} workers at {first['rate']} req/s" if first else "none of these")
 json.dump(rows, open(work / "emulated.json", "w"), indent=1)

@@ -41,6 +41,20 @@ def cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid):
+    """Voluntary + involuntary context switches of a process's threads so far (/proc/PID/task/*/status): how
+    often its threads went to sleep or were put off a CPU."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in open(task / "status"):
+                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                    n += int(line.split()[1])
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return n
+
+
 def status_kib(pid, field):
     """A /proc/PID/status field in KiB (VmRSS, VmHWM, ...); None when the process or the field is gone."""
     try:
