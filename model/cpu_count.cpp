@@ -220,4 +220,26 @@ CpuCount count_cpus() {
 
 int usable_cpus() { return count_cpus().usable; }
 
+bool pin_calling_thread(const std::vector<int>& cpus) {
+  int highest = -1;
+  for (int c : cpus) {
+    if (c < 0) return false;
+    highest = std::max(highest, c);
+  }
+  if (highest < CPU_SETSIZE) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    return sched_setaffinity(0, sizeof set, &set) == 0;
+  }
+  cpu_set_t* set = CPU_ALLOC(highest + 1);
+  if (!set) return false;
+  const size_t bytes = CPU_ALLOC_SIZE(highest + 1);
+  CPU_ZERO_S(bytes, set);
+  for (int c : cpus) CPU_SET_S(c, bytes, set);
+  const bool ok = sched_setaffinity(0, bytes, set) == 0;
+  CPU_FREE(set);
+  return ok;
+}
+
 }  // namespace troupe::model

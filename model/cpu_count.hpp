@@ -34,6 +34,12 @@ int affinity_cpus();
 // Their numbers, in increasing order; empty if the call fails.
 std::vector<int> affinity_cpu_list();
 
+// Puts the calling thread (and the threads it starts from now on, and a
+// program it execs) on `cpus`; false when the kernel refuses it (no CPU, none
+// of them online) or a CPU number is negative. Allocates nothing when every
+// number is below CPU_SETSIZE (1024): safe between fork and exec there.
+bool pin_calling_thread(const std::vector<int>& cpus);
+
 // A Linux CPU list ("0-3,8,10-11", sysfs and cpuset style; spaces and a
 // trailing newline allowed), sorted and without repeats. Throws
 // std::invalid_argument naming the text when malformed.

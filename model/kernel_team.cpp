@@ -75,20 +75,6 @@ bool spin_until(const Done& done) {
   }
 }
 
-// The calling thread's affinity set to `cpus` (any number of CPUs, as
-// affinity_cpu_list reads them); false when the kernel refuses it.
-bool set_affinity(const std::vector<int>& cpus) {
-  const int n = cpus.empty() ? 1 : *std::max_element(cpus.begin(), cpus.end()) + 1;
-  cpu_set_t* set = CPU_ALLOC(n);
-  if (!set) return false;
-  const size_t bytes = CPU_ALLOC_SIZE(n);
-  CPU_ZERO_S(bytes, set);
-  for (int c : cpus) CPU_SET_S(c, bytes, set);
-  const bool ok = sched_setaffinity(0, bytes, set) == 0;
-  CPU_FREE(set);
-  return ok;
-}
-
 std::atomic<int> g_enabled{-1};  // -1: TROUPE_KERNEL_TEAM not read yet
 // Bumped in a fork()'s child: a team made before it has no helpers there.
 std::atomic<uint64_t> g_fork_generation{0};
@@ -182,9 +168,9 @@ class KernelTeam {
     auto near = llc.find(cpu);
     if (near == llc.end()) near = llc.emplace(cpu, last_level_cache_cpus(cpu)).first;
     const std::vector<int> to = detail::helper_move_targets(cpu, allowed, near->second);
-    if (to.empty() || !set_affinity(to)) return;
+    if (to.empty() || !pin_calling_thread(to)) return;
     g_moves.fetch_add(1, std::memory_order_relaxed);
-    set_affinity(allowed);
+    pin_calling_thread(allowed);
   }
 
   void helper_loop(int i) {

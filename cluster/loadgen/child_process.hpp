@@ -20,20 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include "model/cpu_count.hpp"
+
 namespace troupe::cluster {
 
-// Puts the calling thread (and the threads it starts from now on, and a
-// program it execs) on `cpus`; false when the kernel refuses or a CPU number
-// is out of cpu_set_t's range. Allocates nothing: safe between fork and exec.
-inline bool pin_calling_thread(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) {
-    if (c < 0 || c >= CPU_SETSIZE) return false;
-    CPU_SET(c, &set);
-  }
-  return sched_setaffinity(0, sizeof set, &set) == 0;
-}
+using model::pin_calling_thread;
 
 class ChildProcess {
  public:

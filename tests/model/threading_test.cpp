@@ -197,6 +197,26 @@ TEST(CpuCount, FollowsTheAffinityMask) {
   EXPECT_EQ(affinity_cpus(), mask_count());
 }
 
+TEST(CpuCount, PinsTheCallingThreadOnly) {
+  const std::vector<int> all = affinity_cpu_list();
+  ASSERT_FALSE(all.empty());
+  std::thread([&] {
+    ASSERT_TRUE(pin_calling_thread({all.front()}));
+    EXPECT_EQ(affinity_cpu_list(), std::vector<int>{all.front()});
+    // A CPU number past cpu_set_t's 1024 takes the sized set: the kernel
+    // keeps the CPUs it has, and refuses a set of none.
+    ASSERT_TRUE(pin_calling_thread({all.back(), CPU_SETSIZE + 5}));
+    EXPECT_EQ(affinity_cpu_list(), std::vector<int>{all.back()});
+    EXPECT_FALSE(pin_calling_thread({CPU_SETSIZE + 5}));
+    EXPECT_FALSE(pin_calling_thread({}));
+    EXPECT_FALSE(pin_calling_thread({-1, all.front()}));
+    EXPECT_EQ(affinity_cpu_list(), std::vector<int>{all.back()});  // a refused call changes nothing
+    ASSERT_TRUE(pin_calling_thread(all));
+    EXPECT_EQ(affinity_cpu_list(), all);
+  }).join();
+  EXPECT_EQ(affinity_cpu_list(), all);
+}
+
 // ---- Budgets ----------------------------------------------------------------
 
 TEST(ThreadBudget, SplitsCpusSoWorkersUseThemOnce) {
