@@ -127,11 +127,14 @@ def measure(rate, tag):
     try:
         if a.kv_prefault == "all":
             log(f"{tag}: KV pools mapped, head resident {wait_memory_settled(head.p.pid) / 1024:.0f} MiB")
-        before = head.status()["workers"]
+        before, steal0, t0 = head.status()["workers"], procs.steal_seconds(), time.time()
         out = work / f"bench-{tag}.json"
         run([T, "bench", "--to", head.to] + workload + ["--request-rate", str(rate), "--json", str(out)])
         after = head.status()["workers"]
         j = json.load(open(out))
+        # The host's share: CPU time stolen from this guest over the run (a slow phase of the VM shows here).
+        j["steal_s"], j["wall_s"] = procs.steal_seconds() - steal0, time.time() - t0
+        log(f"{tag}: {j['steal_s']:.2f} s of the CPUs stolen by the host over the run's {j['wall_s']:.0f} s")
         # The served workers' own step time (the engine, as each worker times it), to set beside the cost
         # model's: where the simulator's error comes from.
         j["worker_steps"] = sum(w["steps"] for w in after) - sum(w["steps"] for w in before)
@@ -204,6 +207,8 @@ for r, load in plan:
 for load in loads:
     rate, sim, runs = rates[load], sims[load], served[load]
     compare(load, rate, runs, sim, f"load {load:.2f}", rows)
+    log(f"load {load:.2f}: stolen by the host " + ", ".join(f"{r['steal_s']:.2f} s" for r in runs) +
+        " over its runs")
     s_steps, s_busy = sim_busy(sim)
     for r, real in enumerate(runs):
         if real["worker_steps"] and s_steps:
@@ -272,6 +277,9 @@ if sensitivity:
         mean = spread(served[r["load"]], r["key"])[0]
         print(f"| {r['load']:.2f} | {r['metric']} | {mean:.2f} | {r['at_lower_cost']:.2f} | {r['simulated']:.2f} | "
               f"{r['at_higher_cost']:.2f} | {r['pct_per_pct']:+.2f} |")
+print("\nStolen by the host (/proc/stat steal, both CPUs) over each served run, in the order served: " +
+      ", ".join(f"{load} r{r}: {served[load][r]['steal_s']:.2f} s" for r, load in plan))
 json.dump({"cpu": procs.cpu_name(), "capacity_req_s": capacity, "repeats": a.repeats, "rows": rows,
-           "calibrated_rows": calibrated_rows, "sensitivity": sensitivity}, open(work / "fidelity.json", "w"),
-          indent=1)
+           "calibrated_rows": calibrated_rows, "sensitivity": sensitivity,
+           "steal_s": {str(load): [r["steal_s"] for r in served[load]] for load in loads}},
+          open(work / "fidelity.json", "w"), indent=1)

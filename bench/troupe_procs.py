@@ -41,6 +41,13 @@ def cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def steal_seconds():
+    """CPU time the hypervisor gave other guests while this one's CPUs wanted it, summed over the CPUs, since boot
+    (/proc/stat's `steal`): a run during which it grows was slowed by the host, not by what it measures."""
+    f = open("/proc/stat").readline().split()
+    return int(f[8]) / os.sysconf("SC_CLK_TCK") if len(f) > 8 and f[0] == "cpu" else 0.0
+
+
 def context_switches(pid):
     """Voluntary + involuntary context switches of a process's threads so far (/proc/PID/task/*/status): how
     often its threads went to sleep or were put off a CPU."""
