@@ -32,6 +32,12 @@ class ChildProcess {
   ChildProcess(const std::vector<std::string>& args, const std::string& log_path, const std::vector<int>& cpus = {})
       : log_path_(log_path) {
     if (args.empty()) throw std::invalid_argument("Process: no command");
+    // The child pins itself between fork and exec, where it may not allocate:
+    // pin_calling_thread does not below CPU_SETSIZE.
+    for (int c : cpus)
+      if (c < 0 || c >= CPU_SETSIZE)
+        throw std::invalid_argument("Process: CPU " + std::to_string(c) + " cannot be pinned in a child (0-" +
+                                    std::to_string(CPU_SETSIZE - 1) + ")");
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
