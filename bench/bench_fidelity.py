@@ -207,8 +207,6 @@ for r, load in plan:
 for load in loads:
     rate, sim, runs = rates[load], sims[load], served[load]
     compare(load, rate, runs, sim, f"load {load:.2f}", rows)
-    log(f"load {load:.2f}: stolen by the host " + ", ".join(f"{r['steal_s']:.2f} s" for r in runs) +
-        " over its runs")
     s_steps, s_busy = sim_busy(sim)
     for r, real in enumerate(runs):
         if real["worker_steps"] and s_steps:
