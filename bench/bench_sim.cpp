@@ -93,8 +93,9 @@ void print(const char* label, int32_t workers, const Measured& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  troupe::core::reexec_with_heap_huge_pages(argv);  // as `troupe simulate` does (TROUPE_HEAP_THP=0: not)
-  troupe::core::tune_malloc();                      // as every troupe process does
+  // As `troupe simulate` does: huge pages (not with TROUPE_HEAP_THP=0) and the deeper tcache.
+  troupe::core::reexec_with_simulator_heap(argv);
+  troupe::core::tune_malloc();  // as every troupe process does
   double hours = 1, scaling_seconds = 300, speedup = 1;
   std::vector<int32_t> scaling = {10, 100, 1000};
   std::string cost_path, only;
@@ -148,10 +149,12 @@ int main(int argc, char** argv) {
                                "thread would wait (docs/simulation.md, \"Two lanes\")"
               : tables_on_thread() ? "serial (TROUPE_SIM_SERIAL), the workers' tables on a second thread"
                                    : "serial, the workers' tables in line (one CPU)");
-  std::printf("heap: %s, malloc %s\n",
+  const std::string tcache = troupe::core::heap_tcache_count();
+  std::printf("heap: %s, tcache %s per size and thread, malloc %s\n",
               troupe::core::heap_huge_pages_requested()
                   ? "transparent huge pages (glibc.malloc.hugetlb=1)"
                   : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)",
+              tcache.empty() ? "7 (glibc's default)" : tcache.c_str(),
               troupe::core::malloc_tuned() ? "tuned" : "default");
   std::printf("workload: prompts uniform 128-384, outputs uniform 64-192 tokens, Poisson arrivals\n");
 

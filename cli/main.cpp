@@ -36,7 +36,7 @@ const char* subcommand_of(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // The simulator's state is many small allocations visited in turn: its heap
-  // goes on transparent huge pages (core/heap_pages.hpp).
+  // goes on transparent huge pages, with a deeper tcache (core/heap_pages.hpp).
   const bool simulating = !std::strcmp(subcommand_of(argc, argv), "simulate");
   troupe::model::init_numerics_process(argc, argv, simulating);
   // After the possible re-exec above, so "failpoints active" prints once.

@@ -17,7 +17,8 @@
 namespace troupe::core {
 namespace {
 
-constexpr const char* kTunable = "glibc.malloc.hugetlb";
+constexpr const char* kHugetlb = "glibc.malloc.hugetlb";
+constexpr const char* kTcacheCount = "glibc.malloc.tcache_count";
 
 std::string thp_mode() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -29,13 +30,13 @@ std::string thp_mode() {
 std::atomic<bool> g_malloc_tuned{false};
 
 // What GLIBC_TUNABLES text `tunables` (name=value pairs separated by ':'; null:
-// unset) sets glibc.malloc.hugetlb to: its first value ("" when named without
-// one), or nullopt when it does not name it.
-std::optional<std::string> hugetlb_setting(const char* tunables) {
+// unset) sets tunable `name` to: its first value ("" when named without one),
+// or nullopt when it does not name it.
+std::optional<std::string> tunable_setting(const char* tunables, const char* name) {
   std::stringstream ss(tunables == nullptr ? "" : tunables);
   for (std::string item; std::getline(ss, item, ':');) {
     const size_t eq = item.find('=');
-    if (item.compare(0, eq, kTunable) == 0) return eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (item.compare(0, eq, name) == 0) return eq == std::string::npos ? "" : item.substr(eq + 1);
   }
   return std::nullopt;
 }
@@ -73,23 +74,29 @@ bool release_free_heap() {
 #endif
 }
 
-std::optional<std::string> tunables_with_heap_thp(const char* current) {
-  if (hugetlb_setting(current)) return std::nullopt;
-  const std::string cur = current == nullptr ? "" : current;
-  const std::string add = std::string(kTunable) + "=1";
-  return cur.empty() ? add : cur + ":" + add;
+std::optional<std::string> simulator_tunables(const char* current, bool huge_pages) {
+  std::string out = current == nullptr ? "" : current;
+  const size_t before = out.size();
+  const auto add = [&](const char* name, const std::string& value) {
+    if (tunable_setting(current, name)) return;  // the user's
+    out += (out.empty() ? "" : ":") + std::string(name) + "=" + value;
+  };
+  if (huge_pages) add(kHugetlb, "1");
+  add(kTcacheCount, std::to_string(kSimulatorTcacheCount));
+  if (out.size() == before) return std::nullopt;
+  return out;
 }
 
 bool thp_mode_allows_advice(const std::string& enabled) {
   return enabled.find("[always]") != std::string::npos || enabled.find("[madvise]") != std::string::npos;
 }
 
-bool request_heap_huge_pages(std::optional<std::string>& previous) {
+bool request_simulator_heap(std::optional<std::string>& previous) {
   const char* off = std::getenv("TROUPE_HEAP_THP");
-  if (off != nullptr && std::string(off) == "0") return false;
+  const bool huge_pages = !(off != nullptr && std::string(off) == "0") && thp_mode_allows_advice(thp_mode());
   const char* cur = std::getenv("GLIBC_TUNABLES");
-  const std::optional<std::string> next = tunables_with_heap_thp(cur);
-  if (!next || !thp_mode_allows_advice(thp_mode())) return false;
+  const std::optional<std::string> next = simulator_tunables(cur, huge_pages);
+  if (!next) return false;
   previous = cur == nullptr ? std::nullopt : std::optional<std::string>(cur);
   return setenv("GLIBC_TUNABLES", next->c_str(), 1) == 0;
 }
@@ -102,15 +109,20 @@ void restore_tunables(const std::optional<std::string>& previous) {
   }
 }
 
-void reexec_with_heap_huge_pages(char** argv) {
+void reexec_with_simulator_heap(char** argv) {
   std::optional<std::string> previous;
-  if (!request_heap_huge_pages(previous)) return;
+  if (!request_simulator_heap(previous)) return;
   execv("/proc/self/exe", argv);
   restore_tunables(previous);  // exec failed (no /proc?): do not claim otherwise
 }
 
 bool heap_huge_pages_requested() {
-  return hugetlb_setting(std::getenv("GLIBC_TUNABLES")) == "1" && thp_mode_allows_advice(thp_mode());
+  return tunable_setting(std::getenv("GLIBC_TUNABLES"), kHugetlb) == "1" &&
+         thp_mode_allows_advice(thp_mode());
+}
+
+std::string heap_tcache_count() {
+  return tunable_setting(std::getenv("GLIBC_TUNABLES"), kTcacheCount).value_or("");
 }
 
 }  // namespace troupe::core

@@ -73,31 +73,46 @@ class HeapTrimPolicy {
   int64_t largest_ = 0;  // the largest step since the last release
 };
 
-// GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added to `current` (null or
-// empty: unset), or nullopt when `current` already names glibc.malloc.hugetlb.
-std::optional<std::string> tunables_with_heap_thp(const char* current);
+// The simulator's heap (GLIBC_TUNABLES, which glibc reads only at start):
+// - glibc.malloc.hugetlb=1 where `huge_pages` (above: THP);
+// - glibc.malloc.tcache_count=kSimulatorTcacheCount: each thread keeps that
+//   many freed chunks per size (glibc's default 7, for chunks up to 1 KiB) for
+//   its next allocations. With two lanes, much of what one thread allocates
+//   (a step's events, plans, token lists) is freed by the other; past seven a
+//   chunk goes back to its arena under that arena's lock. On Zen 5 bench_sim's
+//   hour took a median 7.8% less wall time with 1024 over 15 pairs, the same
+//   results byte for byte (docs/benchmarks.md "The simulator's speed"), its
+//   peak RSS 1.6-4% more.
+// Returns `current` (null or empty: unset) with those of them it does not
+// name added, or nullopt when it names both: a tunable the user set is left as
+// set.
+constexpr int kSimulatorTcacheCount = 1024;
+std::optional<std::string> simulator_tunables(const char* current, bool huge_pages);
 
 // Whether the kernel's THP mode (the contents of
 // /sys/kernel/mm/transparent_hugepage/enabled, e.g. "always [madvise] never")
 // hands out huge pages to memory that asks for them.
 bool thp_mode_allows_advice(const std::string& enabled);
 
-// Sets GLIBC_TUNABLES for a THP heap when the kernel allows it, the user has
-// not set the tunable and TROUPE_HEAP_THP is not 0. Returns whether it changed
-// the environment (the caller then re-executes); `previous` gets the old
-// value (nullopt: it was unset) to restore if the re-exec fails.
-bool request_heap_huge_pages(std::optional<std::string>& previous);
+// Sets GLIBC_TUNABLES for the simulator's heap: huge pages when the kernel
+// allows them and TROUPE_HEAP_THP is not 0, and the deeper tcache; what the
+// user set stays. Returns whether it changed the environment (the caller then
+// re-executes); `previous` gets the old value (nullopt: it was unset) to
+// restore if the re-exec fails.
+bool request_simulator_heap(std::optional<std::string>& previous);
 
-// Puts GLIBC_TUNABLES back as request_heap_huge_pages found it.
+// Puts GLIBC_TUNABLES back as request_simulator_heap found it.
 void restore_tunables(const std::optional<std::string>& previous);
 
-// request_heap_huge_pages, then execv("/proc/self/exe", argv); returns when
+// request_simulator_heap, then execv("/proc/self/exe", argv); returns when
 // nothing needed changing or the exec failed (the environment restored).
 // Call first thing in main, before any thread starts.
-void reexec_with_heap_huge_pages(char** argv);
+void reexec_with_simulator_heap(char** argv);
 
 // Whether this process's heap was asked for huge pages (for reports):
 // GLIBC_TUNABLES names glibc.malloc.hugetlb=1 and THP is not off.
 bool heap_huge_pages_requested();
+// The glibc.malloc.tcache_count GLIBC_TUNABLES sets ("": none, glibc's 7).
+std::string heap_tcache_count();
 
 }  // namespace troupe::core

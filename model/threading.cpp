@@ -73,7 +73,7 @@ void apply_thread_budget(const ThreadBudget& budget) {
   set_blas_threads(budget.blas_threads);
 }
 
-void init_numerics_process(int argc, char** argv, bool heap_huge_pages) {
+void init_numerics_process(int argc, char** argv, bool simulator_heap) {
   (void)argc;
   // Both re-executions in one: what libgomp and glibc read once, at start.
   bool exec = false, set_omp = false, own_spin = false, set_tunables = false;
@@ -84,7 +84,7 @@ void init_numerics_process(int argc, char** argv, bool heap_huge_pages) {
     if (own_spin) setenv("GOMP_SPINCOUNT", kGompSpinCount, 1);
     exec = set_omp = true;
   }
-  if (heap_huge_pages && core::request_heap_huge_pages(tunables)) exec = set_tunables = true;
+  if (simulator_heap && core::request_simulator_heap(tunables)) exec = set_tunables = true;
   if (exec) {
     execv("/proc/self/exe", argv);
     // exec failed (no /proc?): libgomp and glibc keep their defaults; do not claim otherwise.

@@ -65,9 +65,9 @@ inline constexpr const char* kGompSpinCount = "3000";
 // GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
 // returns only if no re-exec was needed or it failed. A user's own
 // OMP_WAIT_POLICY is kept as it is. Then tunes malloc for forward passes
-// (core::tune_malloc). heap_huge_pages: also ask glibc for a heap on transparent
-// huge pages (core/heap_pages.hpp; the simulator), in the same re-exec.
-void init_numerics_process(int argc, char** argv, bool heap_huge_pages = false);
+// (core::tune_malloc). simulator_heap: also ask glibc for the simulator's heap
+// (transparent huge pages, a deeper tcache: core/heap_pages.hpp), in the same re-exec.
+void init_numerics_process(int argc, char** argv, bool simulator_heap = false);
 
 // core::tune_malloc (core/heap_pages.hpp), here for the model's callers.
 using core::tune_malloc;

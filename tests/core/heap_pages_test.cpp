@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -75,20 +76,35 @@ TEST(HeapTrimPolicy, ThresholdFromTheEnvironment) {
   }
 }
 
-TEST(HeapPages, AddsTheTunableToWhatIsSet) {
-  EXPECT_EQ(tunables_with_heap_thp(nullptr), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(tunables_with_heap_thp(""), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(tunables_with_heap_thp("glibc.malloc.arena_max=2"),
-            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
+TEST(HeapPages, AddsTheTunablesToWhatIsSet) {
+  EXPECT_EQ(simulator_tunables(nullptr, true), "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(simulator_tunables("", true), "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(simulator_tunables("glibc.malloc.arena_max=2", true),
+            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
   // A longer name that starts the same is another tunable.
-  EXPECT_EQ(tunables_with_heap_thp("glibc.malloc.hugetlbx=1"),
-            "glibc.malloc.hugetlbx=1:glibc.malloc.hugetlb=1");
+  EXPECT_EQ(simulator_tunables("glibc.malloc.hugetlbx=1", true),
+            "glibc.malloc.hugetlbx=1:glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(simulator_tunables("glibc.malloc.tcache_count_x=3", false),
+            "glibc.malloc.tcache_count_x=3:glibc.malloc.tcache_count=1024");
+}
+
+TEST(HeapPages, TheTcacheWithoutHugePages) {
+  // THP off in the kernel, or TROUPE_HEAP_THP=0: the tcache still.
+  EXPECT_EQ(simulator_tunables(nullptr, false), "glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(simulator_tunables("glibc.malloc.arena_max=2", false),
+            "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=1024");
 }
 
 TEST(HeapPages, LeavesTheUsersChoice) {
-  EXPECT_EQ(tunables_with_heap_thp("glibc.malloc.hugetlb=0"), std::nullopt);
-  EXPECT_EQ(tunables_with_heap_thp("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2"), std::nullopt);
-  EXPECT_EQ(tunables_with_heap_thp("glibc.malloc.hugetlb"), std::nullopt);
+  EXPECT_EQ(simulator_tunables("glibc.malloc.hugetlb=0", true),
+            "glibc.malloc.hugetlb=0:glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(simulator_tunables("glibc.malloc.tcache_count=7", true),
+            "glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1");
+  EXPECT_EQ(
+      simulator_tunables("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2:glibc.malloc.tcache_count=9", true),
+      std::nullopt);
+  EXPECT_EQ(simulator_tunables("glibc.malloc.hugetlb:glibc.malloc.tcache_count", true), std::nullopt);
+  EXPECT_EQ(simulator_tunables("glibc.malloc.tcache_count=7", false), std::nullopt);
 }
 
 TEST(HeapPages, ReadsTheKernelsMode) {
@@ -98,37 +114,60 @@ TEST(HeapPages, ReadsTheKernelsMode) {
   EXPECT_FALSE(thp_mode_allows_advice(""));  // no THP in this kernel
 }
 
-TEST(HeapPages, TurnedOffByTheEnvironment) {
-  const char* old = std::getenv("TROUPE_HEAP_THP");
-  const std::optional<std::string> keep = old ? std::optional<std::string>(old) : std::nullopt;
-  setenv("TROUPE_HEAP_THP", "0", 1);
-  std::optional<std::string> previous;
-  EXPECT_FALSE(request_heap_huge_pages(previous));
-  if (keep) {
-    setenv("TROUPE_HEAP_THP", keep->c_str(), 1);
-  } else {
-    unsetenv("TROUPE_HEAP_THP");
+// Sets `name` to `value` (nullopt: unsets it) for the scope; puts it back after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    set(value);
   }
+  ~ScopedEnv() { set(old_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  void set(const std::optional<std::string>& v) {
+    if (v) {
+      setenv(name_, v->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(HeapPages, HugePagesTurnedOffByTheEnvironmentNotTheTcache) {
+  const ScopedEnv off("TROUPE_HEAP_THP", "0");
+  const ScopedEnv tunables("GLIBC_TUNABLES", std::nullopt);
+  std::optional<std::string> previous{"not touched"};
+  ASSERT_TRUE(request_simulator_heap(previous));
+  EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.tcache_count=1024");
+  EXPECT_EQ(previous, std::nullopt);  // it was unset
+  restore_tunables(previous);
+  EXPECT_EQ(std::getenv("GLIBC_TUNABLES"), nullptr);
 }
 
 TEST(HeapPages, RequestSetsAndRestoreUndoes) {
-  const char* old = std::getenv("GLIBC_TUNABLES");
-  const std::optional<std::string> keep = old ? std::optional<std::string>(old) : std::nullopt;
-  const char* off = std::getenv("TROUPE_HEAP_THP");
-  const std::optional<std::string> keep_off = off ? std::optional<std::string>(off) : std::nullopt;
-  unsetenv("TROUPE_HEAP_THP");
-  setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=4", 1);
+  const ScopedEnv on("TROUPE_HEAP_THP", std::nullopt);
+  const ScopedEnv tunables("GLIBC_TUNABLES", "glibc.malloc.arena_max=4");
   std::optional<std::string> previous;
-  // Whether it changes anything depends on this kernel's THP mode; either
-  // way the environment says what it did.
-  if (request_heap_huge_pages(previous)) {
-    EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1");
-    EXPECT_EQ(previous, "glibc.malloc.arena_max=4");
-    restore_tunables(previous);
-  }
+  // Whether it asks for huge pages depends on this kernel's THP mode; the
+  // tcache it always adds, and the environment says what it did.
+  ASSERT_TRUE(request_simulator_heap(previous));
+  const std::string set = std::getenv("GLIBC_TUNABLES");
+  EXPECT_TRUE(set == "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024" ||
+              set == "glibc.malloc.arena_max=4:glibc.malloc.tcache_count=1024")
+      << set;
+  EXPECT_EQ(heap_tcache_count(), "1024");
+  EXPECT_EQ(previous, "glibc.malloc.arena_max=4");
+  restore_tunables(previous);
   EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.arena_max=4");
-  restore_tunables(keep);
-  if (keep_off) setenv("TROUPE_HEAP_THP", keep_off->c_str(), 1);
+  EXPECT_EQ(heap_tcache_count(), "");
+  // Once set, nothing is left to ask: no second re-exec.
+  const ScopedEnv both("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
+  EXPECT_FALSE(request_simulator_heap(previous));
 }
 
 }  // namespace
