@@ -24,8 +24,9 @@ TEST(ChildProcess, RunsOnTheCpusItIsGiven) {
   ChildProcess q({"grep", "Cpus_allowed_list", "/proc/self/status"}, d.file("log2"));
   ASSERT_EQ(q.wait(std::chrono::seconds(20)), 0) << q.log();
   // Without CPUs it keeps its parent's (all of them, here more than the one above).
-  if (all.size() > 1)
+  if (all.size() > 1) {
     EXPECT_EQ(q.log().find("\t" + std::to_string(all.back()) + "\n"), std::string::npos) << q.log();
+  }
 }
 
 TEST(ChildProcess, RefusesACpuItCouldNotPinWithoutAllocating) {
