@@ -32,13 +32,25 @@ const char* subcommand_of(int argc, char** argv) {
   return "";
 }
 
+// Whether `command` may run the model's kernels (OpenMP, OpenBLAS): every
+// command but the clients of a head or server, the tokenizer, key making and
+// a download, and no command at all (--help, --version). Only these pay for
+// init_numerics_process's re-execution, whose second load of libtorch was
+// half of `troupe status`'s 1.1 s start (Zen 5, 2026-12-07).
+bool runs_kernels(const char* command) {
+  for (const char* light : {"", "tokenize", "detokenize", "download", "keygen", "submit", "status", "bench"})
+    if (!std::strcmp(command, light)) return false;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // The simulator's state is many small allocations visited in turn: its heap
   // goes on transparent huge pages, with a deeper tcache (core/heap_pages.hpp).
-  const bool simulating = !std::strcmp(subcommand_of(argc, argv), "simulate");
-  troupe::model::init_numerics_process(argc, argv, simulating);
+  const char* command = subcommand_of(argc, argv);
+  if (runs_kernels(command))
+    troupe::model::init_numerics_process(argc, argv, !std::strcmp(command, "simulate"));
   // After the possible re-exec above, so "failpoints active" prints once.
   try {
     troupe::fail::configure_from_env();

@@ -30,6 +30,11 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   bool send(const transport::Message& message);
+  // Before the client goes: the frames sent so far may still leave for up to
+  // `timeout` (the socket lingers that long when it closes; without this,
+  // frames still queued then are dropped). False if they were not handed
+  // to the socket in time.
+  bool flush(std::chrono::milliseconds timeout) { return loop_.flush(timeout); }
   // Any bytes as one frame (tests of what a server does with garbage).
   bool send_raw(std::string body);
   // The next message from the head, or nullopt after `timeout` of silence.

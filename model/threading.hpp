@@ -60,7 +60,8 @@ void apply_thread_budget(const ThreadBudget& budget);
 // (docs/benchmarks.md "Threading policy" has the measurement).
 inline constexpr const char* kGompSpinCount = "3000";
 
-// Call first thing in main(). Unless the user set OMP_WAIT_POLICY, re-executes
+// Call first thing in main() of a program that runs kernels (troupe calls it
+// only for the commands that may: cli/main.cpp). Unless the user set OMP_WAIT_POLICY, re-executes
 // the program with OMP_WAIT_POLICY=PASSIVE and (unless the user set it)
 // GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
 // returns only if no re-exec was needed or it failed. A user's own

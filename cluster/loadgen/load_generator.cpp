@@ -16,6 +16,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr auto kProgressEvery = std::chrono::milliseconds(200);
+constexpr auto kTimeoutScanEvery = std::chrono::milliseconds(100);
+// How long the last cancels may take to leave when the run ends (the head
+// stops working for requests the run gave up on).
+constexpr auto kCancelLinger = std::chrono::seconds(1);
 
 // What both runners share: the list, the clock, the results, the progress.
 struct Run {
@@ -82,6 +86,8 @@ void run_zmq(Run& run) {
   std::vector<bool> open(n, false);
   std::deque<size_t> due;
   size_t next = 0;
+  int64_t next_scan_ns = 0;
+  bool cancelled = false;  // a cancel was sent: it must leave before the client closes
   auto end = [&](size_t i) {
     open[i] = false;
     --run.in_flight;
@@ -143,16 +149,22 @@ void run_zmq(Run& run) {
           },
           *m);
     }
+    // The requests silent for longer than the timeout (seconds): a pass over
+    // them every kTimeoutScanEvery, not one per message.
     const int64_t now = run.now();
-    for (size_t i = 0; i < n; ++i) {
-      if (open[i] && now - last_heard[i] > std::chrono::nanoseconds(run.options.timeout).count()) {
-        client.send(transport::Cancel{i + 1});
-        run.fail(i, "no answer for " + std::to_string(run.options.timeout.count()) + " s");
-        end(i);
+    if (now >= next_scan_ns) {
+      next_scan_ns = now + std::chrono::nanoseconds(kTimeoutScanEvery).count();
+      for (size_t i = 0; i < n; ++i) {
+        if (open[i] && now - last_heard[i] > std::chrono::nanoseconds(run.options.timeout).count()) {
+          cancelled = client.send(transport::Cancel{i + 1}) || cancelled;
+          run.fail(i, "no answer for " + std::to_string(run.options.timeout.count()) + " s");
+          end(i);
+        }
       }
     }
     run.progress();
   }
+  if (cancelled) client.flush(kCancelLinger);
 }
 
 // HTTP: every request in flight on this one thread (libcurl multi), each on

@@ -8,8 +8,14 @@
 #include <fstream>
 #include <sstream>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
+#include "cluster/loadgen/child_process.hpp"
 #include "jsonl.hpp"
 #include "test_utils.hpp"
 
@@ -55,6 +61,49 @@ TEST(Cli, HelpOnEveryCommand) {
     EXPECT_EQ(r.status, 0) << cmd;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
   }
+}
+
+// Only a command that may run the model's kernels re-executes itself to set
+// OMP_WAIT_POLICY before libgomp loads (model/threading.hpp): a client starts
+// once. Each command is started without the variable and connects to a
+// plain TCP socket of the test; once it has, its exec is final, and its
+// /proc environ says whether that exec set the variable.
+TEST(Cli, OnlyCommandsThatRunKernelsReexecuteForOpenMp) {
+  const auto environ_of_command = [](const std::vector<std::string>& command_args, const std::string& log) {
+    const int server = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_GE(server, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(bind(server, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(listen(server, 4), 0);
+    EXPECT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    std::vector<std::string> args{
+        "env", "-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT", troupe::test::troupe_bin()};
+    for (const std::string& a : command_args) args.push_back(a == "ENDPOINT" ? endpoint : a);
+    troupe::cluster::ChildProcess child(args, log);
+    pollfd pfd{server, POLLIN, 0};
+    const bool connected = poll(&pfd, 1, 60000) == 1;
+    std::string env;
+    if (connected) {
+      std::ifstream in("/proc/" + std::to_string(child.pid()) + "/environ", std::ios::binary);
+      env.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    close(server);
+    EXPECT_TRUE(connected) << "no connection from " << command_args[0];
+    return env;
+  };
+  TempDir dir;
+  const std::string client =
+      environ_of_command({"status", "--to", "ENDPOINT", "--timeout", "60"}, dir.file("status.log"));
+  EXPECT_EQ(client.find("OMP_WAIT_POLICY="), std::string::npos) << "troupe status re-executed itself";
+  const std::string worker = environ_of_command(
+      {"worker", "--join", "ENDPOINT", "--model", tiny_model(), "--workers", "1", "--join-timeout", "60"},
+      dir.file("worker.log"));
+  EXPECT_NE(worker.find(std::string("OMP_WAIT_POLICY=PASSIVE") + '\0'), std::string::npos)
+      << "troupe worker did not re-execute itself with OMP_WAIT_POLICY set";
 }
 
 TEST(Cli, BadFlagsAndCommandsAreNamedPlainly) {

@@ -11,7 +11,9 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zmq.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include "cluster/http/http_front.hpp"
 #include "cluster/loadgen/openai_client.hpp"
 #include "http/listen_backlog.hpp"
+#include "transport/protocol.hpp"
 
 namespace troupe::cluster {
 namespace {
@@ -79,6 +82,62 @@ TEST(LoadGenerator, LengthsStayInTheRangeAndArrivalsFollowTheRate) {
   // A dataset's arrivals come from the same generator.
   const auto at = load_arrivals(50, 4, 0.5, 1);
   for (size_t i = 0; i < at.size(); ++i) EXPECT_EQ(at[i], a[i].arrival_ns);
+}
+
+// A head that takes requests and never answers (a ROUTER that only reads):
+// each request fails once it has been silent for the timeout, with the
+// reason, and the generator cancels it at the head; the run ends.
+TEST(LoadGenerator, RequestsAHeadNeverAnswersFailAfterTheTimeoutAndAreCancelled) {
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  const int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+  char endpoint[256];
+  size_t len = sizeof endpoint;
+  ASSERT_EQ(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+  std::atomic<bool> stop{false};
+  std::vector<std::string> heard;  // the frames' types, in order
+  std::thread head([&] {
+    while (!stop.load()) {
+      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 50) <= 0) continue;
+      std::string body;  // the last part (the first is the peer's identity)
+      for (int more = 1; more;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, router, 0) < 0) break;
+        body.assign(static_cast<const char*>(zmq_msg_data(&part)), zmq_msg_size(&part));
+        more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+      }
+      const transport::Decoded d = transport::decode(body);
+      heard.push_back(d.ok() ? transport::type_name(*d.message) : "undecodable");
+    }
+  });
+  RandomLoadOptions ro = options(5);
+  ro.num_requests = 2;
+  ro.request_rate = std::numeric_limits<double>::infinity();
+  LoadOptions lo;
+  lo.to = endpoint;
+  lo.timeout = std::chrono::seconds(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LoadResult r = run_load(random_load(ro), lo);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the cancels' way to the head
+  stop = true;
+  head.join();
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+  ASSERT_EQ(r.requests.size(), 2u);
+  for (const core::RequestTiming& t : r.requests) {
+    EXPECT_FALSE(t.success);
+    EXPECT_EQ(t.error, "no answer for 1 s");
+  }
+  EXPECT_GE(took, 1.0);
+  EXPECT_LT(took, 5.0);
+  EXPECT_EQ(std::count(heard.begin(), heard.end(), "submit"), 2) << heard.size();
+  EXPECT_EQ(std::count(heard.begin(), heard.end(), "cancel"), 2) << heard.size();
 }
 
 TEST(LoadGenerator, BadOptionsAreRefused) {
