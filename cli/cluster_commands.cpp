@@ -1,4 +1,4 @@
-// troupe serve | worker | keygen: the head, a worker node, and CurveZMQ keys.
+// troupe serve | worker: the head and a worker node (keygen: key_commands.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/model_flags.hpp"
 #include "cli/scheduler_flags.hpp"
 #include "cluster/head.hpp"
 #include "cluster/node.hpp"
@@ -277,20 +278,6 @@ void add_cluster_commands(CLI::App& app, Registry& registry) {
                     "CurveZMQ: the head's public key (or its .pub file)");
     sub->add_flag("--quiet", n.quiet, "No log lines");
     registry.push_back({sub, [f] { return run_worker(*f); }});
-  }
-  {
-    auto* sub =
-        app.add_subcommand("keygen", "Make a CurveZMQ key pair: NAME.key (secret, mode 0600) and NAME.pub");
-    auto name = std::make_shared<std::string>();
-    sub->add_option("--out", *name, "Path prefix of the two files")->required();
-    registry.push_back({sub, [name] {
-                          const transport::KeyPair k = transport::generate_keypair();
-                          transport::write_secret_key_file(*name + ".key", k);
-                          transport::write_public_key_file(*name + ".pub", k.public_key);
-                          std::printf("%s.key (secret) and %s.pub: %s\n", name->c_str(), name->c_str(),
-                                      k.public_key.c_str());
-                          return 0;
-                        }});
   }
 }
 

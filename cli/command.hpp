@@ -2,12 +2,15 @@
 // How cli/ is put together: each command file registers its subcommands and
 // the function that runs each once its flags are parsed. Commands parse flags
 // into option structs and call the libraries; they hold no logic of their own.
+// Two binaries share them (cli/command_line.hpp): `troupe` runs the clients'
+// commands, which never load the model, and hands every other command to
+// `troupe-engine`, which has them all. Nothing declared here needs libtorch;
+// the model's flags are cli/model_flags.hpp.
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <c10/core/Device.h>
 
 namespace troupe::cli {
 
@@ -18,11 +21,13 @@ struct Command {
 
 using Registry = std::vector<Command>;
 
-void add_model_commands(CLI::App& app, Registry& registry);     // init-model, download, tokenize, detokenize
+void add_model_commands(CLI::App& app, Registry& registry);     // init-model, convert, download
+void add_text_commands(CLI::App& app, Registry& registry);      // tokenize, detokenize
 void add_generate_command(CLI::App& app, Registry& registry);   // generate
 void add_batch_command(CLI::App& app, Registry& registry);      // batch
 void add_perplexity_command(CLI::App& app, Registry& registry);  // perplexity
-void add_cluster_commands(CLI::App& app, Registry& registry);   // serve, worker, keygen
+void add_cluster_commands(CLI::App& app, Registry& registry);    // serve, worker
+void add_key_commands(CLI::App& app, Registry& registry);        // keygen
 void add_submit_commands(CLI::App& app, Registry& registry);    // submit, status
 void add_profile_command(CLI::App& app, Registry& registry);    // profile
 void add_bench_command(CLI::App& app, Registry& registry);      // bench
@@ -30,16 +35,6 @@ void add_simulate_command(CLI::App& app, Registry& registry);   // simulate
 
 // The default tokenizer folder (GPT-2's vocab.json + merges.txt), used by init-model.
 std::string default_tokenizer_dir();
-
-// "cpu", "cuda", "cuda:1" -> a device; std::invalid_argument on junk or when CUDA is absent.
-c10::Device parse_device(const std::string& text);
-// --dtype float32|bfloat16 and --quantization none|int8 (vLLM's flags): the
-// weight matrices' storage, into `dtype` as parse_weight_dtype's names
-// ("int8" when quantized; with --dtype bfloat16 a usage error).
-void add_dtype_flags(CLI::App* sub, std::string& dtype);
-// --kv-cache-dtype auto|float32|bfloat16 (vLLM's flag): the KV cache's
-// storage; auto = the weights' (model::parse_kv_cache_dtype).
-void add_kv_cache_dtype_flag(CLI::App* sub, std::string& kv_cache_dtype);
 
 // Flag checks with plain messages ("must be > 0, got 0"; CLI11 2.1's own
 // PositiveNumber prints its range as a 300-digit number). Finite numbers only.

@@ -13,8 +13,9 @@
 
 #include "actors/engine.hpp"
 #include "cli/command.hpp"
-#include "model/generate.hpp"
+#include "cli/model_flags.hpp"
 #include "model/cpu_features.hpp"
+#include "model/generate.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/paged_kv_cache.hpp"

@@ -1,7 +1,8 @@
-// troupe: the command line. Thin: parse flags, call a library, print.
+// troupe-engine: every command of the command line (cli/command_line.hpp:
+// `troupe` runs the clients' commands itself and hands the rest to this
+// binary). Thin: parse flags, call a library, print.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/command.hpp"
+#include "cli/command_line.hpp"
 #include "core/failpoints.hpp"
 #include "core/heap_pages.hpp"
 #include "model/cpu_features.hpp"
@@ -18,29 +20,13 @@
 
 namespace {
 
-// The subcommand named on the command line, before CLI11 parses it: the first
-// argument that is neither an option nor the value of --threads (the one
-// global option that takes a value).
-const char* subcommand_of(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads")) {
-      ++i;
-    } else if (argv[i][0] != '-') {
-      return argv[i];
-    }
-  }
-  return "";
-}
-
 // Whether `command` may run the model's kernels (OpenMP, OpenBLAS): every
-// command but the clients of a head or server, the tokenizer, key making and
+// command but the clients' (which `troupe` runs itself, cli/command_line.hpp),
 // a download, and no command at all (--help, --version). Only these pay for
 // init_numerics_process's re-execution, whose second load of libtorch was
 // half of `troupe status`'s 1.1 s start (Zen 5, 2026-12-07).
-bool runs_kernels(const char* command) {
-  for (const char* light : {"", "tokenize", "detokenize", "download", "keygen", "submit", "status", "bench"})
-    if (!std::strcmp(command, light)) return false;
-  return true;
+bool runs_kernels(const std::string& command) {
+  return !(command.empty() || command == "download" || troupe::cli::client_command(command));
 }
 
 }  // namespace
@@ -48,9 +34,8 @@ bool runs_kernels(const char* command) {
 int main(int argc, char** argv) {
   // The simulator's state is many small allocations visited in turn: its heap
   // goes on transparent huge pages, with a deeper tcache (core/heap_pages.hpp).
-  const char* command = subcommand_of(argc, argv);
-  if (runs_kernels(command))
-    troupe::model::init_numerics_process(argc, argv, !std::strcmp(command, "simulate"));
+  const std::string command = troupe::cli::subcommand_of(argc, argv);
+  if (runs_kernels(command)) troupe::model::init_numerics_process(argc, argv, command == "simulate");
   // After the possible re-exec above, so "failpoints active" prints once.
   try {
     troupe::fail::configure_from_env();
@@ -77,52 +62,24 @@ int main(int argc, char** argv) {
       [] { return std::string("troupe ") + TROUPE_VERSION + "\n" + troupe::model::kernel_summary(); },
       "Print the version, the CPU and the kernel variant chosen for it, and exit");
   troupe::model::ThreadOptions threads;
-  app.add_option("--threads", threads.intra_op_threads,
-                 "Intra-op threads for the model (0 = all CPUs; env TROUPE_THREADS)")
-      ->check(troupe::cli::non_negative_number());
+  troupe::cli::add_threads_flag(app, threads.intra_op_threads);
 
   troupe::cli::Registry registry;
   troupe::cli::add_model_commands(app, registry);
+  troupe::cli::add_text_commands(app, registry);
   troupe::cli::add_generate_command(app, registry);
   troupe::cli::add_batch_command(app, registry);
   troupe::cli::add_perplexity_command(app, registry);
   troupe::cli::add_cluster_commands(app, registry);
+  troupe::cli::add_key_commands(app, registry);
   troupe::cli::add_submit_commands(app, registry);
   troupe::cli::add_profile_command(app, registry);
   troupe::cli::add_bench_command(app, registry);
   troupe::cli::add_simulate_command(app, registry);
-
-  // The global flags may come after the command too ("troupe serve --threads 1 ...").
-  bool known = false;
-  const std::string name = subcommand_of(argc, argv);
-  for (CLI::App* sub : app.get_subcommands({})) {
-    sub->fallthrough();
-    known = known || sub->check_name(name);
-  }
-  if (!name.empty() && !known) {
-    std::fprintf(stderr, "troupe: no command '%s' (`troupe --help` lists them)\n", name.c_str());
-    return 109;  // CLI11's exit status for arguments it did not expect
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  for (const auto& cmd : registry) {
-    if (!cmd.app->parsed()) continue;
-    try {
-      troupe::model::configure_threads(threads);
-      troupe::model::kernel_isa();  // a bad TROUPE_CPU fails here, before any work
-      troupe::model::choose_one_row_prefetch(std::getenv("TROUPE_ONE_ROW_PREFETCH"), false);  // and these
-      troupe::model::choose_bf16_dot(std::getenv("TROUPE_BF16_DOT"), false);
-      return cmd.run();
-    } catch (const std::invalid_argument& e) {
-      std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
-      return 2;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "troupe %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
-      return 1;
-    }
-  }
-  return 0;
+  return troupe::cli::parse_and_run(app, registry, argc, argv, [&threads] {
+    troupe::model::configure_threads(threads);
+    troupe::model::kernel_isa();  // a bad TROUPE_CPU fails here, before any work
+    troupe::model::choose_one_row_prefetch(std::getenv("TROUPE_ONE_ROW_PREFETCH"), false);  // and these
+    troupe::model::choose_bf16_dot(std::getenv("TROUPE_BF16_DOT"), false);
+  });
 }

@@ -1,4 +1,4 @@
-// init-model, convert, download, tokenize, detokenize.
+// init-model, convert, download (tokenize and detokenize: text_commands.cpp).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,116 +24,11 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-model::Tokenizer load_tokenizer(const std::string& dir) {
-  if (!std::filesystem::is_directory(dir))
-    throw std::invalid_argument("model folder '" + dir + "' does not exist (make one with `troupe init-model --out " +
-                                dir + "` or `troupe download gpt2 --to " + dir + "`)");
-  return model::Tokenizer::from_dir(dir);
-}
-
-// Reads JSON lines from stdin, maps each through `fn`; a bad line yields {"error": ...}
-// and the rest still run. Returns 1 when any line failed.
-int map_jsonl(const std::function<json(const json&)>& fn) {
-  std::string line;
-  int status = 0;
-  size_t lineno = 0;
-  while (std::getline(std::cin, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json out;
-    try {
-      out = fn(json::parse(line));
-    } catch (const std::exception& e) {
-      out = json{{"error", "line " + std::to_string(lineno) + ": " + e.what()}};
-      status = 1;
-    }
-    std::cout << dump_line(out) << '\n';
-  }
-  std::cout.flush();
-  return status;
-}
-
 }  // namespace
 
 std::string default_tokenizer_dir() {
   if (const char* env = std::getenv("TROUPE_TOKENIZER_DIR")) return env;
   return TROUPE_DEFAULT_TOKENIZER_DIR;
-}
-
-namespace {
-
-CLI::Validator number_check(bool (*ok)(double), const std::string& rule) {
-  return CLI::Validator(
-      [ok, rule](std::string& text) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v))
-          return "must be a number, got '" + text + "'";
-        return ok(v) ? std::string() : "must be " + rule + ", got " + text;
-      },
-      rule);
-}
-
-}  // namespace
-
-const CLI::Validator& positive_number() {
-  static const CLI::Validator v = number_check([](double x) { return x > 0; }, "> 0");
-  return v;
-}
-
-const CLI::Validator& non_negative_number() {
-  static const CLI::Validator v = number_check([](double x) { return x >= 0; }, ">= 0");
-  return v;
-}
-
-std::vector<int32_t> parse_id_list(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
-    if (b == std::string::npos) throw std::invalid_argument("empty item in id list '" + text + "'");
-    item = item.substr(b, e - b + 1);
-    char* end = nullptr;
-    long v = std::strtol(item.c_str(), &end, 10);
-    if (*end != '\0' || v < 0 || v > INT32_MAX)
-      throw std::invalid_argument("'" + item + "' in id list is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw std::invalid_argument("the id list is empty");
-  return ids;
-}
-
-void add_logit_flags(CLI::App* sub, float& presence, float& frequency, float& repetition,
-                     std::vector<std::string>& bias) {
-  sub->add_option("--presence-penalty", presence,
-                  "Subtracted from the logit of every token generated so far, once ([-2, 2]; 0 = off)")
-      ->check(CLI::Range(-2.0, 2.0));
-  sub->add_option("--frequency-penalty", frequency,
-                  "Subtracted from a token's logit per time it was generated so far ([-2, 2]; 0 = off)")
-      ->check(CLI::Range(-2.0, 2.0));
-  sub->add_option(
-         "--repetition-penalty", repetition,
-         "Divides the positive logits (multiplies the others) of every token in the prompt or generated "
-         "so far ((0, 10]; 1 = off)")
-      ->check(CLI::Range(0.0, 10.0));
-  sub->add_option("--logit-bias", bias, "ID=BIAS: add BIAS ([-100, 100]) to token ID's logit (repeatable)");
-}
-
-std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::vector<std::string>& items) {
-  std::vector<std::pair<int32_t, float>> out;
-  for (const std::string& item : items) {
-    const size_t eq = item.find('=');
-    const std::optional<int32_t> id = core::token_id_from_text(item.substr(0, eq));
-    const char* bias = eq == std::string::npos ? "" : item.c_str() + eq + 1;
-    char* end = nullptr;
-    const double b = std::strtod(bias, &end);
-    if (!id || end == bias || *end != '\0' || !std::isfinite(b))
-      throw std::invalid_argument("--logit-bias '" + item + "' is not ID=BIAS (a token id and a number)");
-    out.emplace_back(*id, static_cast<float>(b));
-  }
-  return out;
 }
 
 void add_model_commands(CLI::App& app, Registry& registry) {
@@ -216,62 +111,6 @@ void add_model_commands(CLI::App& app, Registry& registry) {
                           std::string to = o->to.empty() ? "models/" + o->name : o->to;
                           model::download_model(o->name, to, model::DownloadOptions{});
                           std::fprintf(stderr, "downloaded %s to %s\n", o->name.c_str(), to.c_str());
-                          return 0;
-                        }});
-  }
-  // tokenize
-  {
-    auto* sub = app.add_subcommand("tokenize", "Text to GPT-2 token ids (JSON)");
-    struct Opts {
-      std::string model, text;
-      bool jsonl = false;
-    };
-    auto o = std::make_shared<Opts>();
-    sub->add_option("--model", o->model, "Model folder (vocab.json, merges.txt)")->required();
-    sub->add_option("text", o->text, "Text to tokenize");
-    sub->add_flag("--jsonl", o->jsonl, "Read {\"text\": ...} lines from stdin, write {\"ids\": [...]} lines");
-    registry.push_back({sub, [o, sub] {
-                          auto tok = load_tokenizer(o->model);
-                          if (o->jsonl) {
-                            return map_jsonl([&](const json& in) {
-                              if (!in.is_object() || !in.contains("text") || !in["text"].is_string())
-                                throw std::invalid_argument("expected an object with a string \"text\"");
-                              return json{{"ids", tok.encode(in["text"].get<std::string>())}};
-                            });
-                          }
-                          if (sub->count("text") == 0)
-                            throw std::invalid_argument("give TEXT, or --jsonl to read lines from stdin");
-                          std::cout << dump_line(json(tok.encode(o->text))) << '\n';
-                          return 0;
-                        }});
-  }
-  // detokenize
-  {
-    auto* sub = app.add_subcommand("detokenize", "GPT-2 token ids to text");
-    struct Opts {
-      std::string model, ids;
-      bool jsonl = false;
-    };
-    auto o = std::make_shared<Opts>();
-    sub->add_option("--model", o->model, "Model folder (vocab.json, merges.txt)")->required();
-    sub->add_option("ids", o->ids, "Comma-separated ids, e.g. 15496,995");
-    sub->add_flag("--jsonl", o->jsonl, "Read {\"ids\": [...]} lines from stdin, write {\"text\": ...} lines");
-    registry.push_back({sub, [o] {
-                          auto tok = load_tokenizer(o->model);
-                          if (o->jsonl) {
-                            return map_jsonl([&](const json& in) {
-                              if (!in.is_object() || !in.contains("ids") || !in["ids"].is_array())
-                                throw std::invalid_argument("expected an object with an array \"ids\"");
-                              std::vector<int32_t> ids;
-                              for (const auto& v : in["ids"]) {
-                                if (!v.is_number_integer()) throw std::invalid_argument("ids must be integers");
-                                ids.push_back(v.get<int32_t>());
-                              }
-                              return json{{"text", tok.decode(ids)}};
-                            });
-                          }
-                          if (o->ids.empty()) throw std::invalid_argument("give IDS, or --jsonl to read lines from stdin");
-                          std::cout << tok.decode(parse_id_list(o->ids)) << '\n';
                           return 0;
                         }});
   }

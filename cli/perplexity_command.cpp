@@ -16,14 +16,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cli/model_flags.hpp"
 #include "cluster/loadgen/remote_scoring.hpp"
-#include "model/text/tokenizer.hpp"
-#include "transport/curve_keys.hpp"
 #include "model/cpu_features.hpp"
 #include "model/gpt2.hpp"
 #include "model/model_dir.hpp"
 #include "model/paged_kv_cache.hpp"
 #include "model/perplexity.hpp"
+#include "model/text/tokenizer.hpp"
+#include "transport/curve_keys.hpp"
 
 namespace troupe::cli {
 namespace {

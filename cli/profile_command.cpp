@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.hpp"
+#include "cli/model_flags.hpp"
 #include "cluster/loadgen/head_profiler.hpp"
 #include "cluster/sim/live/cost_profiler.hpp"
 #include "cluster/sim/roofline.hpp"

@@ -14,7 +14,7 @@
 // spread over kernel_parallel_for (the kernel team inside a small pass).
 // Elsewhere (another device, another dtype, non-contiguous x) it is
 // at::layer_norm.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace troupe::model {
 

@@ -21,6 +21,13 @@ namespace troupe::test {
 inline std::string tokenizer_dir() { return TROUPE_TOKENIZER_DIR; }
 
 inline std::string troupe_bin() { return TROUPE_BIN; }
+// troupe-engine, beside troupe: every command but the clients', which troupe
+// execs for them (cli/command_line.hpp). Run it directly where an exec must not
+// happen (under an emulator, whose exec would leave it).
+inline std::string troupe_engine_bin() {
+  const std::string front = TROUPE_BIN;
+  return front.substr(0, front.rfind('/') + 1) + "troupe-engine";
+}
 
 // Whether freed heap memory is glibc's to hand back (malloc_trim). Under
 // AddressSanitizer (scripts/test.sh's second stage) malloc is ASan's, with a

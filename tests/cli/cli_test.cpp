@@ -68,8 +68,16 @@ TEST(Cli, HelpOnEveryCommand) {
 // once. Each command is started without the variable and connects to a
 // plain TCP socket of the test; once it has, its exec is final, and its
 // /proc environ says whether that exec set the variable.
-TEST(Cli, OnlyCommandsThatRunKernelsReexecuteForOpenMp) {
-  const auto environ_of_command = [](const std::vector<std::string>& command_args, const std::string& log) {
+// `troupe` runs the clients' commands without libtorch (cli/command_line.hpp)
+// and becomes troupe-engine for the others, which alone re-execute
+// themselves to set OMP_WAIT_POLICY before libgomp loads. Each command runs
+// until it connects to a socket of this test; its memory map and environment
+// then say which binary it is and whether its final exec set the variable.
+TEST(Cli, ClientsStartWithoutLibtorchAndOnlyKernelCommandsReexecuteForOpenMp) {
+  struct Seen {
+    std::string environ, maps;
+  };
+  const auto seen_in_command = [](const std::vector<std::string>& command_args, const std::string& log) {
     const int server = socket(AF_INET, SOCK_STREAM, 0);
     EXPECT_GE(server, 0);
     sockaddr_in addr{};
@@ -86,24 +94,47 @@ TEST(Cli, OnlyCommandsThatRunKernelsReexecuteForOpenMp) {
     troupe::cluster::ChildProcess child(args, log);
     pollfd pfd{server, POLLIN, 0};
     const bool connected = poll(&pfd, 1, 60000) == 1;
-    std::string env;
+    Seen seen;
     if (connected) {
-      std::ifstream in("/proc/" + std::to_string(child.pid()) + "/environ", std::ios::binary);
-      env.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      const auto read = [&](const char* file) {
+        std::ifstream in("/proc/" + std::to_string(child.pid()) + "/" + file, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      };
+      seen.environ = read("environ");
+      seen.maps = read("maps");
     }
     close(server);
     EXPECT_TRUE(connected) << "no connection from " << command_args[0];
-    return env;
+    return seen;
   };
   TempDir dir;
-  const std::string client =
-      environ_of_command({"status", "--to", "ENDPOINT", "--timeout", "60"}, dir.file("status.log"));
-  EXPECT_EQ(client.find("OMP_WAIT_POLICY="), std::string::npos) << "troupe status re-executed itself";
-  const std::string worker = environ_of_command(
+  const Seen client =
+      seen_in_command({"status", "--to", "ENDPOINT", "--timeout", "60"}, dir.file("status.log"));
+  EXPECT_EQ(client.environ.find("OMP_WAIT_POLICY="), std::string::npos) << "troupe status re-executed itself";
+  EXPECT_EQ(client.maps.find("libtorch"), std::string::npos) << "troupe status loaded libtorch";
+  EXPECT_EQ(client.maps.find("troupe-engine"), std::string::npos) << "troupe status ran in troupe-engine";
+  const Seen worker = seen_in_command(
       {"worker", "--join", "ENDPOINT", "--model", tiny_model(), "--workers", "1", "--join-timeout", "60"},
       dir.file("worker.log"));
-  EXPECT_NE(worker.find(std::string("OMP_WAIT_POLICY=PASSIVE") + '\0'), std::string::npos)
+  EXPECT_NE(worker.environ.find(std::string("OMP_WAIT_POLICY=PASSIVE") + '\0'), std::string::npos)
       << "troupe worker did not re-execute itself with OMP_WAIT_POLICY set";
+  EXPECT_NE(worker.maps.find("troupe-engine"), std::string::npos) << "troupe worker is not troupe-engine";
+  EXPECT_NE(worker.maps.find("libtorch_cpu"), std::string::npos) << "troupe worker without libtorch?";
+}
+
+// Without troupe-engine beside it, troupe still runs the clients' commands and
+// says plainly why it cannot run the others.
+TEST(Cli, AFrontWithoutItsEngineRunsTheClientsAndSaysWhyNotTheRest) {
+  TempDir dir;
+  const std::string front = dir.file("troupe");
+  std::filesystem::copy_file(troupe::test::troupe_bin(), front);
+  std::filesystem::permissions(front, std::filesystem::perms::owner_all);
+  auto tok = run_command(shell_quote(front) + " tokenize " + model_flag() + " hi", false);
+  EXPECT_EQ(tok.status, 0) << tok.output;
+  EXPECT_EQ(tok.output, "[5303]\n");
+  auto gen = run_command(shell_quote(front) + " generate " + model_flag() + " --prompt-ids 1 --max-tokens 1");
+  EXPECT_EQ(gen.status, 127) << gen.output;
+  EXPECT_NE(gen.output.find("cannot start " + dir.file("troupe-engine")), std::string::npos) << gen.output;
 }
 
 TEST(Cli, BadFlagsAndCommandsAreNamedPlainly) {

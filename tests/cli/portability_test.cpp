@@ -58,12 +58,13 @@ std::string on_cpu(const std::string& cpu, const std::string& program) {
   return without_host_cpu_variables() + "qemu-x86_64 -cpu " + cpu + " " + program;
 }
 
-// OMP_WAIT_POLICY and GOMP_SPINCOUNT as troupe wants them: otherwise it sets
-// them and re-executes itself (model/threading.hpp), and that exec would
-// leave the emulator and run on the host's CPU.
+// troupe-engine itself, with OMP_WAIT_POLICY and GOMP_SPINCOUNT as it wants
+// them: otherwise it sets them and re-executes itself (model/threading.hpp),
+// and that exec would leave the emulator and run on the host's CPU (as
+// troupe's exec of troupe-engine would: the front is run on its own, below).
 std::string under(const std::string& cpu) {
   return std::string("OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=") + troupe::model::kGompSpinCount + " " +
-         on_cpu(cpu, shell_quote(troupe::test::troupe_bin()));
+         on_cpu(cpu, shell_quote(troupe::test::troupe_engine_bin()));
 }
 
 bool have_qemu() { return run_command("command -v qemu-x86_64 >/dev/null").status == 0; }
@@ -107,6 +108,13 @@ TEST_P(Portability, TheBuildRunsOnTheLesserCpuWithItsKernelsAndTheSameTokens) {
     EXPECT_EQ(emulated[i]["ids"], host[i]["ids"]) << "job " << i + 1 << " on " << cpu;
     EXPECT_EQ(emulated[i]["ids"].size(), 8u);
   }
+  // The front, troupe, runs the clients' commands on that CPU too.
+  const auto tokens =
+      run_command(on_cpu(cpu, shell_quote(troupe::test::troupe_bin())) + " tokenize --model " +
+                      shell_quote(troupe::test::tiny_model_dir()) + " 'Hello world'",
+                  false);
+  EXPECT_EQ(tokens.status, 0) << tokens.output;
+  EXPECT_EQ(tokens.output, "[15496,995]\n");
 }
 
 // Whatever the host sets for its own CPU stays out of the emulated CPU's

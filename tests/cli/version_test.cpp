@@ -36,7 +36,7 @@ TEST(Version, TroupeCpuForcesALowerVariant) {
 
 TEST(Version, UnknownTroupeCpuIsAnErrorBeforeAnyWork) {
   // The model folder does not exist either: the variant is checked first.
-  const auto r = run_command(troupe("TROUPE_CPU=avx9000", "tokenize --model /nonexistent hi"));
+  const auto r = run_command(troupe("TROUPE_CPU=avx9000", "generate --model /nonexistent --prompt-ids 1"));
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "TROUPE_CPU")) << r.output;
   EXPECT_TRUE(contains(r.output, "avx9000")) << r.output;
@@ -46,7 +46,8 @@ TEST(Version, NamesTheOneRowPrefetchAndRefusesABadOneBeforeAnyWork) {
   const auto r = run_command(troupe("TROUPE_ONE_ROW_PREFETCH=l1", "--version"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "one-row prefetch into L1")) << r.output;
-  const auto bad = run_command(troupe("TROUPE_ONE_ROW_PREFETCH=l7", "tokenize --model /nonexistent hi"));
+  const auto bad =
+      run_command(troupe("TROUPE_ONE_ROW_PREFETCH=l7", "generate --model /nonexistent --prompt-ids 1"));
   EXPECT_NE(bad.status, 0) << bad.output;
   EXPECT_TRUE(contains(bad.output, "TROUPE_ONE_ROW_PREFETCH: 'l7'")) << bad.output;
 }
@@ -59,7 +60,7 @@ TEST(Version, NamesTheBfloat16ArithmeticAndRefusesABadChoiceBeforeAnyWork) {
     const auto dot = run_command(troupe("TROUPE_BF16_DOT=1", "--version"));
     EXPECT_TRUE(contains(dot.output, "vdpbf16ps for bfloat16")) << dot.output;
   }
-  const auto bad = run_command(troupe("TROUPE_BF16_DOT=yes", "tokenize --model /nonexistent hi"));
+  const auto bad = run_command(troupe("TROUPE_BF16_DOT=yes", "generate --model /nonexistent --prompt-ids 1"));
   EXPECT_NE(bad.status, 0) << bad.output;
   EXPECT_TRUE(contains(bad.output, "TROUPE_BF16_DOT: 'yes'")) << bad.output;
 }
@@ -68,7 +69,7 @@ TEST(Version, TroupeCpuAboveTheCpuIsAnError) {
   const troupe::model::CpuIsa top = troupe::model::all_isas().back();
   if (troupe::model::best_isa() == top) GTEST_SKIP() << "this CPU runs every variant: no TROUPE_CPU to refuse";
   const std::string env = std::string("TROUPE_CPU=") + troupe::model::to_string(top);
-  const auto r = run_command(troupe(env, "tokenize --model /nonexistent hi"));
+  const auto r = run_command(troupe(env, "generate --model /nonexistent --prompt-ids 1"));
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, env)) << r.output;
   EXPECT_TRUE(contains(r.output, "cannot run")) << r.output;

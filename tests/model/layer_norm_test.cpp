@@ -2,7 +2,7 @@
 // row alone whatever the batch, threads or kernel team.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <vector>
