@@ -7,9 +7,12 @@ namespace troupe::cluster {
 
 Client::Client(const ClientOptions& o) : loop_(loop_options(o.max_frame_bytes, o.quiet)) {
   socket_ = loop_.add_socket(client_socket(o.endpoint, "head", o.curve));
-  loop_.on_frame(
-      transport::decode_frames(loop_, [this](transport::SocketId, const std::string&,
-                                             transport::Message&& m) { inbox_.push(std::move(m)); }));
+  if (o.on_message)
+    deliver_ = o.on_message;
+  else
+    deliver_ = [this](transport::Message&& m) { inbox_.push(std::move(m)); };
+  loop_.on_frame(transport::decode_frames(loop_, [this](transport::SocketId, const std::string&,
+                                                        transport::Message&& m) { deliver_(std::move(m)); }));
   // A handshake that fails (keys the head does not take, a server key that is
   // not the head's, keys on one side only) comes to the caller as an untagged
   // error at once, instead of a silence that lasts until its timeout.
@@ -17,9 +20,9 @@ Client::Client(const ClientOptions& o) : loop_(loop_options(o.max_frame_bytes, o
   loop_.on_socket_event([this, endpoint, verdict = transport::HandshakeVerdict()](
                             transport::SocketId, const transport::SocketEvent& e) mutable {
     if (!verdict.give_up(e)) return;
-    inbox_.push(transport::Error{
-        transport::ErrorCode::kUnexpected,
-        "the CurveZMQ handshake with the head at " + endpoint + " failed: " + e.reason, std::nullopt});
+    deliver_(transport::Error{transport::ErrorCode::kUnexpected,
+                              "the CurveZMQ handshake with the head at " + endpoint + " failed: " + e.reason,
+                              std::nullopt});
   });
   loop_.start();
 }

@@ -7,6 +7,7 @@
 // client off (`too_slow`), or the CurveZMQ handshake failed (then it comes
 // within moments of connecting).
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -20,6 +21,11 @@ struct ClientOptions {
   std::optional<transport::CurveClientKeys> curve;  // nullopt = plaintext
   size_t max_frame_bytes = transport::kDefaultMaxFrameBytes;
   bool quiet = true;  // no log lines from the socket loop
+  // When set, each message from the head goes to this function, called on
+  // the client's socket thread as it arrives, instead of waiting for next()
+  // (which then has nothing to give, and status() nothing to find): a
+  // caller with many jobs in flight is not woken once per message.
+  std::function<void(transport::Message&&)> on_message;
 };
 
 class Client {
@@ -50,6 +56,7 @@ class Client {
   transport::SocketLoop loop_;
   transport::SocketId socket_ = 0;
   transport::Inbox<transport::Message> inbox_;
+  std::function<void(transport::Message&&)> deliver_;  // to inbox_, or ClientOptions::on_message
   std::string failure_;
 };
 

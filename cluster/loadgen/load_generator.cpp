@@ -1,7 +1,9 @@
 #include "cluster/loadgen/load_generator.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 
@@ -28,7 +30,7 @@ struct Run {
   std::vector<size_t> order;  // by arrival, stable
   Clock::time_point zero = Clock::now();
   std::vector<core::RequestTiming> out;
-  size_t done = 0, in_flight = 0;  // one thread runs a load: no atomics
+  size_t done = 0, in_flight = 0;  // (run_zmq: under its mutex)
   int64_t pieces = 0;
   Clock::time_point last_progress{};
 
@@ -74,25 +76,73 @@ transport::Submit submit_of(const LoadRequest& r, uint64_t tag) {
   return s;
 }
 
-// ZeroMQ: one client socket, every request in flight on it, told apart by tag (index + 1).
+// ZeroMQ: one client socket, every request in flight on it, told apart by tag
+// (index + 1). The head's messages are handled on the client's socket thread
+// as they come (ClientOptions::on_message); this thread sends the requests
+// at their times and is woken only when one ends (a closed loop may send the
+// next), not once per token, which cost a futex wake-up and two context
+// switches a token. Both hold `mu` while they touch the run.
 void run_zmq(Run& run) {
-  ClientOptions co;
-  co.endpoint = run.options.to;
-  co.curve = run.options.curve;
-  Client client(co);
   const size_t n = run.requests.size();
   const size_t limit = run.options.max_concurrency > 0 ? static_cast<size_t>(run.options.max_concurrency) : n;
   std::vector<int64_t> last_heard(n, 0);
   std::vector<bool> open(n, false);
-  std::deque<size_t> due;
-  size_t next = 0;
-  int64_t next_scan_ns = 0;
-  bool cancelled = false;  // a cancel was sent: it must leave before the client closes
+  std::mutex mu;
+  std::condition_variable ended;  // a request ended
   auto end = [&](size_t i) {
     open[i] = false;
     --run.in_flight;
     ++run.done;
   };
+  const auto on_message = [&](transport::Message&& m) {
+    const std::lock_guard<std::mutex> lock(mu);
+    const int64_t now = run.now();
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, transport::Tokens> || std::is_same_v<T, transport::Finished> ||
+                        std::is_same_v<T, transport::Rejected> || std::is_same_v<T, transport::Error>) {
+            std::optional<uint64_t> tag = x.tag;
+            if (!tag || *tag < 1 || *tag > n || !open[*tag - 1]) return;
+            const size_t i = *tag - 1;
+            core::RequestTiming& r = run.out[i];
+            last_heard[i] = now;
+            if constexpr (std::is_same_v<T, transport::Tokens> || std::is_same_v<T, transport::Finished>) {
+              if (!x.text.empty()) {
+                r.token_ns.push_back(now);
+                ++run.pieces;
+              }
+            }
+            if constexpr (std::is_same_v<T, transport::Finished>) {
+              r.end_ns = now;
+              r.prompt_tokens = x.usage.prompt_tokens;
+              r.output_tokens = x.usage.completion_tokens;
+              if (x.finish_reason == core::FinishReason::kError) run.fail(i, "error: " + x.error);
+              end(i);
+              ended.notify_one();
+            } else if constexpr (std::is_same_v<T, transport::Rejected>) {
+              run.fail(i, std::string("rejected (") + transport::to_string(x.code) + "): " + x.message);
+              end(i);
+              ended.notify_one();
+            } else if constexpr (std::is_same_v<T, transport::Error>) {
+              run.fail(i, std::string("error (") + transport::to_string(x.code) + "): " + x.message);
+              end(i);
+              ended.notify_one();
+            }
+          }
+        },
+        m);
+  };
+  ClientOptions co;
+  co.endpoint = run.options.to;
+  co.curve = run.options.curve;
+  co.on_message = on_message;
+  Client client(co);  // (after what on_message uses: its thread stops before they go)
+  std::deque<size_t> due;
+  size_t next = 0;
+  int64_t next_scan_ns = 0;
+  bool cancelled = false;  // a cancel was sent: it must leave before the client closes
+  std::unique_lock<std::mutex> lock(mu);
   while (run.done < n) {
     const auto t = Clock::now();
     while (next < n && run.due_at(run.order[next]) <= t) due.push_back(run.order[next++]);
@@ -114,43 +164,10 @@ void run_zmq(Run& run) {
           std::chrono::duration_cast<std::chrono::milliseconds>(run.due_at(run.order[next]) - t);
       wait = std::clamp(until, std::chrono::milliseconds(0), wait);
     }
-    if (auto m = client.next(wait)) {
-      const int64_t now = run.now();
-      std::visit(
-          [&](const auto& x) {
-            using T = std::decay_t<decltype(x)>;
-            if constexpr (std::is_same_v<T, transport::Tokens> || std::is_same_v<T, transport::Finished> ||
-                          std::is_same_v<T, transport::Rejected> || std::is_same_v<T, transport::Error>) {
-              std::optional<uint64_t> tag = x.tag;
-              if (!tag || *tag < 1 || *tag > n || !open[*tag - 1]) return;
-              const size_t i = *tag - 1;
-              core::RequestTiming& r = run.out[i];
-              last_heard[i] = now;
-              if constexpr (std::is_same_v<T, transport::Tokens> || std::is_same_v<T, transport::Finished>) {
-                if (!x.text.empty()) {
-                  r.token_ns.push_back(now);
-                  ++run.pieces;
-                }
-              }
-              if constexpr (std::is_same_v<T, transport::Finished>) {
-                r.end_ns = now;
-                r.prompt_tokens = x.usage.prompt_tokens;
-                r.output_tokens = x.usage.completion_tokens;
-                if (x.finish_reason == core::FinishReason::kError) run.fail(i, "error: " + x.error);
-                end(i);
-              } else if constexpr (std::is_same_v<T, transport::Rejected>) {
-                run.fail(i, std::string("rejected (") + transport::to_string(x.code) + "): " + x.message);
-                end(i);
-              } else if constexpr (std::is_same_v<T, transport::Error>) {
-                run.fail(i, std::string("error (") + transport::to_string(x.code) + "): " + x.message);
-                end(i);
-              }
-            }
-          },
-          *m);
-    }
+    const size_t done_before = run.done;
+    ended.wait_for(lock, wait, [&] { return run.done != done_before; });
     // The requests silent for longer than the timeout (seconds): a pass over
-    // them every kTimeoutScanEvery, not one per message.
+    // them every kTimeoutScanEvery.
     const int64_t now = run.now();
     if (now >= next_scan_ns) {
       next_scan_ns = now + std::chrono::nanoseconds(kTimeoutScanEvery).count();
@@ -164,6 +181,7 @@ void run_zmq(Run& run) {
     }
     run.progress();
   }
+  lock.unlock();
   if (cancelled) client.flush(kCancelLinger);
 }
 

@@ -163,7 +163,7 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
     std::fflush(stdout);
   };
   auto burst = [&, listen = head.listen](Burst* b, std::vector<std::pair<int, std::string>> lines) {
-    cluster::Client c(cluster::ClientOptions{listen, {}, transport::kDefaultMaxFrameBytes, true});
+    cluster::Client c(cluster::ClientOptions{listen, {}, transport::kDefaultMaxFrameBytes, true, {}});
     std::map<uint64_t, int> finished;
     std::map<uint64_t, std::vector<int32_t>> ids;
     for (size_t i = 0; i < lines.size(); ++i) {
@@ -218,7 +218,7 @@ TEST(Chaos, TheClusterSurvivesASeededScheduleOfFaults) {
     b->wrong += static_cast<int>(open);  // jobs never answered
   };
   auto hostile = [listen = head.listen](int kind) {
-    cluster::Client c(cluster::ClientOptions{listen, {}, size_t{64} << 20, true});
+    cluster::Client c(cluster::ClientOptions{listen, {}, size_t{64} << 20, true, {}});
     if (kind == 0) {  // frames far over the client limit: the connection is dropped unread
       for (int i = 0; i < 5; ++i) c.send_raw(std::string(3u << 20, 'x'));
     } else if (kind == 1) {  // garbage and a million stop strings

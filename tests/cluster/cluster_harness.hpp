@@ -118,7 +118,8 @@ struct Head {
     }
   }
   std::optional<transport::StatusReply> status() const {
-    cluster::Client c(cluster::ClientOptions{listen, client_keys, transport::kDefaultMaxFrameBytes, true});
+    cluster::Client c(
+        cluster::ClientOptions{listen, client_keys, transport::kDefaultMaxFrameBytes, true, {}});
     return c.status(seconds(10));
   }
   bool wait_workers(size_t n) const {

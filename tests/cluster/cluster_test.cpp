@@ -134,7 +134,7 @@ TEST(Cluster, HostileClientsLeaveTheServerServing) {
   Head head(dir, "head", {"--workers", "1", "--max-client-frame-bytes", "65536"});
   ASSERT_TRUE(head.wait_workers(1));
   {
-    cluster::Client c(cluster::ClientOptions{head.listen, {}, 1 << 20, true});
+    cluster::Client c(cluster::ClientOptions{head.listen, {}, 1 << 20, true, {}});
     std::mt19937 rng(3);
     auto answer = [&] { return c.next(seconds(10)); };
     // Garbage of every kind: each is answered with an error, nothing else.
@@ -173,7 +173,7 @@ TEST(Cluster, HostileClientsLeaveTheServerServing) {
   }
   // A client that vanishes mid-stream: its sequence is cancelled, its KV freed.
   {
-    cluster::Client gone(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true});
+    cluster::Client gone(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true, {}});
     transport::Submit s;
     s.tag = 1;
     s.prompt = "A long answer follows";
@@ -203,7 +203,7 @@ TEST(Cluster, PastMaxQueueJobsAreBusyAtOnceAndAcceptedOnesFinish) {
   Head head(dir, "head", {"--workers", "1", "--max-queue", "4", "--max-num-seqs", "2"});
   ASSERT_TRUE(head.wait_workers(1));
   const long rss_before = head.proc->rss_kib();
-  cluster::Client c(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true});
+  cluster::Client c(cluster::ClientOptions{head.listen, {}, transport::kDefaultMaxFrameBytes, true, {}});
   const int n = 40;  // 10x --max-queue
   for (int i = 1; i <= n; ++i) {
     transport::Submit s;

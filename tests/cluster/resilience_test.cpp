@@ -201,7 +201,7 @@ TEST(Resilience, HugeClientFramesStallNobody) {
   const std::string stops = transport::encode(many_stops);
   ASSERT_LT(stops.size(), size_t{1} << 20);
   {
-    cluster::Client hostile(cluster::ClientOptions{head.listen, {}, size_t{64} << 20, true});
+    cluster::Client hostile(cluster::ClientOptions{head.listen, {}, size_t{64} << 20, true, {}});
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(hostile.send_raw(stops));
     int refused = 0;
     while (refused < 20) {
@@ -217,7 +217,7 @@ TEST(Resilience, HugeClientFramesStallNobody) {
     EXPECT_EQ(refused, 20);
   }
   {
-    cluster::Client huge(cluster::ClientOptions{head.listen, {}, size_t{64} << 20, true});
+    cluster::Client huge(cluster::ClientOptions{head.listen, {}, size_t{64} << 20, true, {}});
     const std::string body(15u << 20, 'x');
     for (int i = 0; i < 10; ++i) huge.send_raw(body);  // the connection is dropped unread
     std::this_thread::sleep_for(seconds(1));

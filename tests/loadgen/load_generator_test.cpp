@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -141,6 +142,85 @@ TEST(LoadGenerator, RequestsAHeadNeverAnswersFailAfterTheTimeoutAndAreCancelled)
   EXPECT_EQ(submits.load(), 2);
   EXPECT_EQ(cancels.load(), 2);
   EXPECT_EQ(others.load(), 0);
+}
+
+// The voluntary context switches of the calling thread so far (Linux).
+long voluntary_switches_of_this_thread() {
+  std::ifstream in("/proc/thread-self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  return -1;
+}
+
+// A head that streams one token a millisecond: the generator takes each on
+// its client's socket thread, and the thread that called run_load is woken
+// for the request's end and its own timers, not once per token (before,
+// each token woke it: one futex wake-up and two context switches each).
+TEST(LoadGenerator, StreamedTokensDoNotWakeTheCallingThreadEachTime) {
+  constexpr int kTokens = 300;
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  const int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+  char endpoint[256];
+  size_t len = sizeof endpoint;
+  ASSERT_EQ(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+  std::atomic<bool> stop{false};
+  std::thread head([&] {
+    while (!stop.load()) {
+      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 50) <= 0) continue;
+      std::vector<std::string> parts;  // [peer, body]
+      for (int more = 1; more;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, router, 0) < 0) break;
+        parts.emplace_back(static_cast<const char*>(zmq_msg_data(&part)), zmq_msg_size(&part));
+        more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+      }
+      if (parts.size() != 2) continue;
+      const transport::Decoded d = transport::decode(parts[1]);
+      if (!d.ok() || !std::holds_alternative<transport::Submit>(*d.message)) continue;
+      const uint64_t tag = std::get<transport::Submit>(*d.message).tag;
+      const auto reply = [&](const transport::Message& m) {
+        const std::string body = transport::encode(m);
+        zmq_send(router, parts[0].data(), parts[0].size(), ZMQ_SNDMORE);
+        zmq_send(router, body.data(), body.size(), 0);
+      };
+      for (int k = 0; k < kTokens; ++k) {
+        transport::Tokens t;
+        t.tag = tag;
+        t.text = "x";
+        t.ids = {k};
+        reply(t);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      transport::Finished f;
+      f.tag = tag;
+      f.usage.completion_tokens = kTokens;
+      reply(f);
+    }
+  });
+  RandomLoadOptions ro = options(6);
+  ro.num_requests = 1;
+  LoadOptions lo;
+  lo.to = endpoint;
+  const long before = voluntary_switches_of_this_thread();
+  const LoadResult r = run_load(random_load(ro), lo);
+  const long switches = voluntary_switches_of_this_thread() - before;
+  stop = true;
+  head.join();
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+  ASSERT_EQ(r.requests.size(), 1u);
+  EXPECT_TRUE(r.requests[0].success) << r.requests[0].error;
+  EXPECT_EQ(r.requests[0].token_ns.size(), static_cast<size_t>(kTokens));
+  ASSERT_GE(before, 0) << "no /proc/thread-self/status";
+  // Its own waits (at most 50 ms each over a run of ~0.3 s or more) and the
+  // client's start and stop, not one per token.
+  EXPECT_LT(switches, kTokens / 3) << switches << " voluntary context switches for " << kTokens << " tokens";
 }
 
 TEST(LoadGenerator, BadOptionsAreRefused) {
