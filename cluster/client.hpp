@@ -1,7 +1,8 @@
 #pragma once
 // A client of a head's front socket for code without actors (`troupe submit`,
 // `troupe status`, `troupe bench --to`, tests): messages out with send(),
-// messages in, in order, with next(). One SocketLoop thread underneath; any
+// messages in, in order, with next() (or, with ClientOptions::on_message, to
+// a function on the socket thread). One SocketLoop thread underneath; any
 // number of jobs may be in flight (tell them apart by tag). An error without
 // a tag is about the connection, so about every job: the head cut this
 // client off (`too_slow`), or the CurveZMQ handshake failed (then it comes
