@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "core/failpoints.hpp"
+
 namespace troupe::cli {
 
 std::string subcommand_of(int argc, char** argv) {
@@ -26,6 +28,16 @@ bool client_command(const std::string& command) {
   for (const char* client : {"submit", "status", "bench", "tokenize", "detokenize", "keygen"})
     if (command == client) return true;
   return false;
+}
+
+bool configure_failpoints() {
+  try {
+    fail::configure_from_env();
+    return true;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
+    return false;
+  }
 }
 
 void add_threads_flag(CLI::App& app, int& threads) {

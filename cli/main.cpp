@@ -11,7 +11,6 @@
 
 #include "cli/command.hpp"
 #include "cli/command_line.hpp"
-#include "core/failpoints.hpp"
 #include "core/heap_pages.hpp"
 #include "model/cpu_features.hpp"
 #include "model/kernel_team.hpp"
@@ -37,12 +36,7 @@ int main(int argc, char** argv) {
   const std::string command = troupe::cli::subcommand_of(argc, argv);
   if (runs_kernels(command)) troupe::model::init_numerics_process(argc, argv, command == "simulate");
   // After the possible re-exec above, so "failpoints active" prints once.
-  try {
-    troupe::fail::configure_from_env();
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
-    return 2;
-  }
+  if (!troupe::cli::configure_failpoints()) return 2;
   // Read again by each worker (its StepExecutor, its first forward pass); refused
   // here, before anything starts.
   try {

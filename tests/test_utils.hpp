@@ -38,15 +38,21 @@ inline constexpr bool kGlibcHeap = false;
 inline constexpr bool kGlibcHeap = true;
 #endif
 
-// A "Field:   N kB" line of a /proc file ("/proc/self/status", "VmHWM"), in
-// KiB; -1 when absent. ("/proc/self/smaps_rollup", "Anonymous": exact, from
-// the page tables; status's Rss* are per-CPU counters' estimates.)
-inline int64_t proc_kib(const std::string& file, const std::string& field) {
+// The number of a "Field:   N" line of a /proc file ("/proc/thread-self/status",
+// "voluntary_ctxt_switches"); -1 when absent.
+inline int64_t proc_number(const std::string& file, const std::string& field) {
   std::ifstream in(file);
   const std::string key = field + ":";
   for (std::string line; std::getline(in, line);)
     if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
   return -1;
+}
+
+// A "Field:   N kB" line of a /proc file ("/proc/self/status", "VmHWM"), in
+// KiB; -1 when absent. ("/proc/self/smaps_rollup", "Anonymous": exact, from
+// the page tables; status's Rss* are per-CPU counters' estimates.)
+inline int64_t proc_kib(const std::string& file, const std::string& field) {
+  return proc_number(file, field);
 }
 
 // This process's anonymous memory, in KiB: exact, from its page tables.

@@ -1,25 +1,17 @@
 // troupe: the command line's front (cli/command_line.hpp). The clients'
 // commands run here, in a binary without libtorch; every other command is
 // troupe-engine's, which this process becomes.
-#include <cstdio>
-#include <stdexcept>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/command.hpp"
 #include "cli/command_line.hpp"
-#include "core/failpoints.hpp"
 
 int main(int argc, char** argv) {
   if (!troupe::cli::client_command(troupe::cli::subcommand_of(argc, argv)))
     return troupe::cli::exec_engine(argv);
-  try {
-    troupe::fail::configure_from_env();
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "troupe: TROUPE_FAILPOINTS: %s\n", e.what());
-    return 2;
-  }
+  if (!troupe::cli::configure_failpoints()) return 2;
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);
   int threads = 0;  // accepted as troupe-engine accepts it; these commands run no model

@@ -93,6 +93,7 @@ void run_zmq(Run& run) {
     open[i] = false;
     --run.in_flight;
     ++run.done;
+    ended.notify_one();  // (from the sending thread itself: nobody waits, nothing done)
   };
   const auto on_message = [&](transport::Message&& m) {
     const std::lock_guard<std::mutex> lock(mu);
@@ -119,15 +120,12 @@ void run_zmq(Run& run) {
               r.output_tokens = x.usage.completion_tokens;
               if (x.finish_reason == core::FinishReason::kError) run.fail(i, "error: " + x.error);
               end(i);
-              ended.notify_one();
             } else if constexpr (std::is_same_v<T, transport::Rejected>) {
               run.fail(i, std::string("rejected (") + transport::to_string(x.code) + "): " + x.message);
               end(i);
-              ended.notify_one();
             } else if constexpr (std::is_same_v<T, transport::Error>) {
               run.fail(i, std::string("error (") + transport::to_string(x.code) + "): " + x.message);
               end(i);
-              ended.notify_one();
             }
           }
         },

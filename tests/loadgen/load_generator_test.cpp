@@ -17,15 +17,18 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
+#include <variant>
 
 #include "cluster/http/http_front.hpp"
 #include "cluster/loadgen/openai_client.hpp"
 #include "http/listen_backlog.hpp"
 #include "process.hpp"
+#include "test_utils.hpp"
 #include "transport/protocol.hpp"
 
 namespace troupe::cluster {
@@ -86,53 +89,86 @@ TEST(LoadGenerator, LengthsStayInTheRangeAndArrivalsFollowTheRate) {
   for (size_t i = 0; i < at.size(); ++i) EXPECT_EQ(at[i], a[i].arrival_ns);
 }
 
+// A stand-in head: a ZeroMQ ROUTER on loopback whose thread hands each
+// message that comes (its body) to `on_message`, with a way to answer its
+// sender; it stops when it goes.
+class StandInHead {
+ public:
+  using Reply = std::function<void(const transport::Message&)>;
+  explicit StandInHead(std::function<void(const std::string& body, const Reply& reply)> on_message)
+      : ctx_(zmq_ctx_new()), router_(zmq_socket(ctx_, ZMQ_ROUTER)) {
+    const int linger = 0;
+    zmq_setsockopt(router_, ZMQ_LINGER, &linger, sizeof linger);
+    char endpoint[256];
+    size_t len = sizeof endpoint;
+    if (zmq_bind(router_, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, endpoint, &len) != 0) {
+      zmq_close(router_);
+      zmq_ctx_term(ctx_);
+      throw std::runtime_error("the stand-in head cannot bind on loopback");
+    }
+    endpoint_ = endpoint;
+    thread_ = std::thread([this, on_message = std::move(on_message)] {
+      while (!stop_.load()) {
+        zmq_pollitem_t item{router_, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, 50) <= 0) continue;
+        std::vector<std::string> parts;  // [peer, body]
+        for (int more = 1; more;) {
+          zmq_msg_t part;
+          zmq_msg_init(&part);
+          if (zmq_msg_recv(&part, router_, 0) < 0) break;
+          parts.emplace_back(static_cast<const char*>(zmq_msg_data(&part)), zmq_msg_size(&part));
+          more = zmq_msg_more(&part);
+          zmq_msg_close(&part);
+        }
+        if (parts.size() != 2) continue;
+        on_message(parts[1], [&](const transport::Message& m) {
+          const std::string body = transport::encode(m);
+          zmq_send(router_, parts[0].data(), parts[0].size(), ZMQ_SNDMORE);
+          zmq_send(router_, body.data(), body.size(), 0);
+        });
+      }
+    });
+  }
+  ~StandInHead() {
+    stop_ = true;
+    thread_.join();
+    zmq_close(router_);
+    zmq_ctx_term(ctx_);
+  }
+  StandInHead(const StandInHead&) = delete;
+  StandInHead& operator=(const StandInHead&) = delete;
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void* ctx_;
+  void* router_;
+  std::string endpoint_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // A head that takes requests and never answers (a ROUTER that only reads):
 // each request fails once it has been silent for the timeout, with the
 // reason, and the generator cancels it at the head; the run ends.
 TEST(LoadGenerator, RequestsAHeadNeverAnswersFailAfterTheTimeoutAndAreCancelled) {
-  void* ctx = zmq_ctx_new();
-  void* router = zmq_socket(ctx, ZMQ_ROUTER);
-  const int linger = 0;
-  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
-  char endpoint[256];
-  size_t len = sizeof endpoint;
-  ASSERT_EQ(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
-  std::atomic<bool> stop{false};
   std::atomic<int> submits{0}, cancels{0}, others{0};  // the frames the head heard
-  std::thread head([&] {
-    while (!stop.load()) {
-      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, 50) <= 0) continue;
-      std::string body;  // the last part (the first is the peer's identity)
-      for (int more = 1; more;) {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, router, 0) < 0) break;
-        body.assign(static_cast<const char*>(zmq_msg_data(&part)), zmq_msg_size(&part));
-        more = zmq_msg_more(&part);
-        zmq_msg_close(&part);
-      }
-      const transport::Decoded d = transport::decode(body);
-      const std::string type = d.ok() ? transport::type_name(*d.message) : "undecodable";
-      ++(type == "submit" ? submits : type == "cancel" ? cancels : others);
-    }
+  StandInHead head([&](const std::string& body, const StandInHead::Reply&) {
+    const transport::Decoded d = transport::decode(body);
+    const std::string type = d.ok() ? transport::type_name(*d.message) : "undecodable";
+    ++(type == "submit" ? submits : type == "cancel" ? cancels : others);
   });
   RandomLoadOptions ro = options(5);
   ro.num_requests = 2;
   ro.request_rate = std::numeric_limits<double>::infinity();
   LoadOptions lo;
-  lo.to = endpoint;
+  lo.to = head.endpoint();
   lo.timeout = std::chrono::seconds(1);
   const auto t0 = std::chrono::steady_clock::now();
   const LoadResult r = run_load(random_load(ro), lo);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The cancels left before run_load returned; the head reads them when it can.
   troupe::test::eventually([&] { return cancels.load() >= 2; }, std::chrono::seconds(30));
-  stop = true;
-  head.join();
-  zmq_close(router);
-  zmq_ctx_term(ctx);
   ASSERT_EQ(r.requests.size(), 2u);
   for (const core::RequestTiming& t : r.requests) {
     EXPECT_FALSE(t.success);
@@ -144,76 +180,40 @@ TEST(LoadGenerator, RequestsAHeadNeverAnswersFailAfterTheTimeoutAndAreCancelled)
   EXPECT_EQ(others.load(), 0);
 }
 
-// The voluntary context switches of the calling thread so far (Linux).
-long voluntary_switches_of_this_thread() {
-  std::ifstream in("/proc/thread-self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
-  return -1;
-}
-
 // A head that streams one token a millisecond: the generator takes each on
 // its client's socket thread, and the thread that called run_load is woken
 // for the request's end and its own timers, not once per token (before,
 // each token woke it: one futex wake-up and two context switches each).
 TEST(LoadGenerator, StreamedTokensDoNotWakeTheCallingThreadEachTime) {
   constexpr int kTokens = 300;
-  void* ctx = zmq_ctx_new();
-  void* router = zmq_socket(ctx, ZMQ_ROUTER);
-  const int linger = 0;
-  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
-  char endpoint[256];
-  size_t len = sizeof endpoint;
-  ASSERT_EQ(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
-  std::atomic<bool> stop{false};
-  std::thread head([&] {
-    while (!stop.load()) {
-      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, 50) <= 0) continue;
-      std::vector<std::string> parts;  // [peer, body]
-      for (int more = 1; more;) {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, router, 0) < 0) break;
-        parts.emplace_back(static_cast<const char*>(zmq_msg_data(&part)), zmq_msg_size(&part));
-        more = zmq_msg_more(&part);
-        zmq_msg_close(&part);
-      }
-      if (parts.size() != 2) continue;
-      const transport::Decoded d = transport::decode(parts[1]);
-      if (!d.ok() || !std::holds_alternative<transport::Submit>(*d.message)) continue;
-      const uint64_t tag = std::get<transport::Submit>(*d.message).tag;
-      const auto reply = [&](const transport::Message& m) {
-        const std::string body = transport::encode(m);
-        zmq_send(router, parts[0].data(), parts[0].size(), ZMQ_SNDMORE);
-        zmq_send(router, body.data(), body.size(), 0);
-      };
-      for (int k = 0; k < kTokens; ++k) {
-        transport::Tokens t;
-        t.tag = tag;
-        t.text = "x";
-        t.ids = {k};
-        reply(t);
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      transport::Finished f;
-      f.tag = tag;
-      f.usage.completion_tokens = kTokens;
-      reply(f);
+  StandInHead head([&](const std::string& body, const StandInHead::Reply& reply) {
+    const transport::Decoded d = transport::decode(body);
+    if (!d.ok() || !std::holds_alternative<transport::Submit>(*d.message)) return;
+    const uint64_t tag = std::get<transport::Submit>(*d.message).tag;
+    for (int k = 0; k < kTokens; ++k) {
+      transport::Tokens t;
+      t.tag = tag;
+      t.text = "x";
+      t.ids = {k};
+      reply(t);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    transport::Finished f;
+    f.tag = tag;
+    f.usage.completion_tokens = kTokens;
+    reply(f);
   });
   RandomLoadOptions ro = options(6);
   ro.num_requests = 1;
   LoadOptions lo;
-  lo.to = endpoint;
-  const long before = voluntary_switches_of_this_thread();
+  lo.to = head.endpoint();
+  // The calling thread's voluntary context switches.
+  const auto switches_so_far = [] {
+    return troupe::test::proc_number("/proc/thread-self/status", "voluntary_ctxt_switches");
+  };
+  const int64_t before = switches_so_far();
   const LoadResult r = run_load(random_load(ro), lo);
-  const long switches = voluntary_switches_of_this_thread() - before;
-  stop = true;
-  head.join();
-  zmq_close(router);
-  zmq_ctx_term(ctx);
+  const int64_t switches = switches_so_far() - before;
   ASSERT_EQ(r.requests.size(), 1u);
   EXPECT_TRUE(r.requests[0].success) << r.requests[0].error;
   EXPECT_EQ(r.requests[0].token_ns.size(), static_cast<size_t>(kTokens));
