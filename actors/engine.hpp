@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/memory_size.hpp"
 #include "core/request.hpp"
 #include "core/scheduler.hpp"
 
@@ -91,7 +92,6 @@ class Engine {
   EngineStats stats_;
 };
 
-// "2GiB", "512MiB", "1.5G", "100000" (bytes) -> bytes. std::invalid_argument on junk.
-int64_t parse_memory_size(const std::string& text);
+using core::parse_memory_size;  // (core/memory_size.hpp: torch-free, for `troupe simulate`)
 
 }  // namespace troupe::actors

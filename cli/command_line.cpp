@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "core/failpoints.hpp"
+#include "core/heap_pages.hpp"
 
 namespace troupe::cli {
 
@@ -24,10 +25,15 @@ std::string subcommand_of(int argc, char** argv) {
   return "";
 }
 
-bool client_command(const std::string& command) {
-  for (const char* client : {"submit", "status", "bench", "tokenize", "detokenize", "keygen"})
-    if (command == client) return true;
+bool front_command(const std::string& command) {
+  for (const char* name : {"submit", "status", "bench", "tokenize", "detokenize", "keygen", "simulate"})
+    if (command == name) return true;
   return false;
+}
+
+void prepare_simulator_process(char** argv) {
+  core::reexec_with_simulator_heap(argv);
+  core::tune_malloc();
 }
 
 bool configure_failpoints() {

@@ -2,13 +2,14 @@
 // What both of troupe's binaries do with a command line: find the command,
 // tell the clients' commands from the others, parse and run.
 //
-// `troupe` (cli/front/main.cpp) runs the clients' commands itself: they talk
-// to a head or a server, or run the tokenizer or make keys, and never load
-// the model, so that binary is linked without libtorch (`status` starts in 0.02-0.03 s
-// instead of 0.7-0.8 on Zen 5: libtorch's libraries and their static initialisers). Every
-// other command, --help and --version it hands to `troupe-engine` beside it
-// (cli/main.cpp), which has every command; the process execs it, keeping its
-// pid, arguments and environment.
+// `troupe` (cli/front/main.cpp) runs the clients' commands and simulate itself:
+// they talk to a head or a server, run the tokenizer, make keys or simulate a
+// cluster, and never load the model, so that binary is linked without
+// libtorch (`status` starts in 0.02-0.03 s instead of 0.7-0.8 on Zen 5:
+// libtorch's libraries and their static initialisers). Every other command,
+// --help and --version it hands to `troupe-engine` beside it (cli/main.cpp),
+// which has every command; the process execs it, keeping its pid, arguments
+// and environment.
 #include <functional>
 #include <string>
 
@@ -21,9 +22,17 @@ namespace troupe::cli {
 // global option that takes a value); "" when there is none.
 std::string subcommand_of(int argc, char** argv);
 
-// Whether `command` is one of the clients' commands that `troupe` runs
-// without libtorch: submit, status, bench, tokenize, detokenize, keygen.
-bool client_command(const std::string& command);
+// Whether `command` is one that `troupe` runs itself, without libtorch: the
+// clients' (submit, status, bench, tokenize, detokenize, keygen) and simulate
+// (the simulator is torch-free: a run of a fraction of a second no longer
+// waits ~1 s for libtorch, loaded twice across its heap's re-exec).
+bool front_command(const std::string& command);
+
+// Before anything else in a process that runs `simulate`: its state is many
+// small allocations visited in turn, so its heap goes on transparent huge
+// pages with a deeper tcache (core/heap_pages.hpp; glibc reads that once, at
+// start: the process re-executes itself once), and malloc keeps what it frees.
+void prepare_simulator_process(char** argv);
 
 // Arms the failpoints TROUPE_FAILPOINTS names (core/failpoints.hpp); false,
 // having said why, when it names them badly (the caller exits 2).

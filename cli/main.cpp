@@ -1,6 +1,6 @@
 // troupe-engine: every command of the command line (cli/command_line.hpp:
-// `troupe` runs the clients' commands itself and hands the rest to this
-// binary). Thin: parse flags, call a library, print.
+// `troupe` runs the clients' commands and simulate itself and hands the rest
+// to this binary). Thin: parse flags, call a library, print.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -20,21 +20,22 @@
 namespace {
 
 // Whether `command` may run the model's kernels (OpenMP, OpenBLAS): every
-// command but the clients' (which `troupe` runs itself, cli/command_line.hpp),
+// command but those `troupe` runs itself (cli/command_line.hpp: the clients', simulate),
 // a download, and no command at all (--help, --version). Only these pay for
 // init_numerics_process's re-execution, whose second load of libtorch was
 // half of `troupe status`'s 1.1 s start (Zen 5, 2026-12-07).
 bool runs_kernels(const std::string& command) {
-  return !(command.empty() || command == "download" || troupe::cli::client_command(command));
+  return !(command.empty() || command == "download" || troupe::cli::front_command(command));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The simulator's state is many small allocations visited in turn: its heap
-  // goes on transparent huge pages, with a deeper tcache (core/heap_pages.hpp).
   const std::string command = troupe::cli::subcommand_of(argc, argv);
-  if (runs_kernels(command)) troupe::model::init_numerics_process(argc, argv, command == "simulate");
+  if (command == "simulate")  // (`troupe simulate` runs in the front; here when troupe-engine is run itself)
+    troupe::cli::prepare_simulator_process(argv);
+  else if (runs_kernels(command))
+    troupe::model::init_numerics_process(argc, argv);
   // After the possible re-exec above, so "failpoints active" prints once.
   if (!troupe::cli::configure_failpoints()) return 2;
   // Read again by each worker (its StepExecutor, its first forward pass); refused

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "actors/engine.hpp"
 #include "cli/command.hpp"
 #include "cluster/sim/cluster_spec.hpp"
 #include "cluster/sim/event_file.hpp"
@@ -23,6 +22,7 @@
 #include "cluster/sim/simulator.hpp"
 #include "cluster/sim/sweep.hpp"
 #include "cluster/sim/trace_reader.hpp"
+#include "core/memory_size.hpp"
 #include "model/cpu_count.hpp"
 
 namespace troupe::cli {
@@ -104,7 +104,7 @@ sim::ClusterSpec cluster_spec(const SimulateFlags& f) {
   sim::ClusterSpec spec;
   if (!f.cluster.empty()) {
     if (f.given("--workers")) throw std::invalid_argument("give --cluster or --workers, not both");
-    spec = sim::load_cluster_file(f.cluster, actors::parse_memory_size);
+    spec = sim::load_cluster_file(f.cluster, core::parse_memory_size);
     for (auto& g : spec.groups)
       if (g.cost.empty()) g.cost = f.cost;
   } else {
@@ -133,7 +133,7 @@ sim::ClusterSpec cluster_spec(const SimulateFlags& f) {
       g.kv_blocks = f.num_blocks;
     } else if (f.given("--kv-memory") || (f.cluster.empty() && g.kv_blocks == 0 && g.kv_memory == 0)) {
       g.kv_blocks = 0;
-      g.kv_memory = actors::parse_memory_size(f.kv_memory);
+      g.kv_memory = core::parse_memory_size(f.kv_memory);
     }
   }
   return spec;
@@ -429,7 +429,7 @@ int run_simulate(const SimulateFlags& f) {
   s.profiles = sim::CostProfiles(f.cost_scale);
   s.spec = cluster_spec(f);
   s.workload = make_workload(f);
-  if (!f.events.empty()) s.events = sim::load_events_file(f.events, actors::parse_memory_size);
+  if (!f.events.empty()) s.events = sim::load_events_file(f.events, core::parse_memory_size);
   if (!f.head_cost.empty()) s.head = sim::read_head_profile(f.head_cost).cost;
   s.metrics.percentiles = parse_percentiles(f.percentiles);
   s.metrics.slo = core::parse_slo(f.goodput);

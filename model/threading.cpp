@@ -73,24 +73,17 @@ void apply_thread_budget(const ThreadBudget& budget) {
   set_blas_threads(budget.blas_threads);
 }
 
-void init_numerics_process(int argc, char** argv, bool simulator_heap) {
+void init_numerics_process(int argc, char** argv) {
   (void)argc;
-  // Both re-executions in one: what libgomp and glibc read once, at start.
-  bool exec = false, set_omp = false, own_spin = false, set_tunables = false;
-  std::optional<std::string> tunables;
+  // What libgomp reads once, when it is loaded.
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    own_spin = std::getenv("GOMP_SPINCOUNT") == nullptr;
+    const bool own_spin = std::getenv("GOMP_SPINCOUNT") == nullptr;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     if (own_spin) setenv("GOMP_SPINCOUNT", kGompSpinCount, 1);
-    exec = set_omp = true;
-  }
-  if (simulator_heap && core::request_simulator_heap(tunables)) exec = set_tunables = true;
-  if (exec) {
     execv("/proc/self/exe", argv);
-    // exec failed (no /proc?): libgomp and glibc keep their defaults; do not claim otherwise.
-    if (set_omp) unsetenv("OMP_WAIT_POLICY");
+    // exec failed (no /proc?): libgomp keeps its defaults; do not claim otherwise.
+    unsetenv("OMP_WAIT_POLICY");
     if (own_spin) unsetenv("GOMP_SPINCOUNT");
-    if (set_tunables) core::restore_tunables(tunables);
   }
   core::tune_malloc();
 }

@@ -66,9 +66,9 @@ inline constexpr const char* kGompSpinCount = "3000";
 // GOMP_SPINCOUNT=kGompSpinCount, both read by libgomp once, when it is loaded;
 // returns only if no re-exec was needed or it failed. A user's own
 // OMP_WAIT_POLICY is kept as it is. Then tunes malloc for forward passes
-// (core::tune_malloc). simulator_heap: also ask glibc for the simulator's heap
-// (transparent huge pages, a deeper tcache: core/heap_pages.hpp), in the same re-exec.
-void init_numerics_process(int argc, char** argv, bool simulator_heap = false);
+// (core::tune_malloc). (`troupe simulate` runs no kernels: its heap's re-exec is
+// core::reexec_with_simulator_heap's.)
+void init_numerics_process(int argc, char** argv);
 
 // core::tune_malloc (core/heap_pages.hpp), here for the model's callers.
 using core::tune_malloc;

@@ -1,6 +1,6 @@
 // troupe: the command line's front (cli/command_line.hpp). The clients'
-// commands run here, in a binary without libtorch; every other command is
-// troupe-engine's, which this process becomes.
+// commands and simulate run here, in a binary without libtorch; every other
+// command is troupe-engine's, which this process becomes.
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -9,8 +9,9 @@
 #include "cli/command_line.hpp"
 
 int main(int argc, char** argv) {
-  if (!troupe::cli::client_command(troupe::cli::subcommand_of(argc, argv)))
-    return troupe::cli::exec_engine(argv);
+  const std::string command = troupe::cli::subcommand_of(argc, argv);
+  if (!troupe::cli::front_command(command)) return troupe::cli::exec_engine(argv);
+  if (command == "simulate") troupe::cli::prepare_simulator_process(argv);
   if (!troupe::cli::configure_failpoints()) return 2;
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};
   app.require_subcommand(1);
@@ -21,5 +22,6 @@ int main(int argc, char** argv) {
   troupe::cli::add_key_commands(app, registry);
   troupe::cli::add_submit_commands(app, registry);
   troupe::cli::add_bench_command(app, registry);
+  troupe::cli::add_simulate_command(app, registry);
   return troupe::cli::parse_and_run(app, registry, argc, argv, [] {});
 }

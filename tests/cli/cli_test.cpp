@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -63,11 +64,6 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
-// Only a command that may run the model's kernels re-executes itself to set
-// OMP_WAIT_POLICY before libgomp loads (model/threading.hpp): a client starts
-// once. Each command is started without the variable and connects to a
-// plain TCP socket of the test; once it has, its exec is final, and its
-// /proc environ says whether that exec set the variable.
 // `troupe` runs the clients' commands without libtorch (cli/command_line.hpp)
 // and becomes troupe-engine for the others, which alone re-execute
 // themselves to set OMP_WAIT_POLICY before libgomp loads. Each command runs
@@ -122,8 +118,39 @@ TEST(Cli, ClientsStartWithoutLibtorchAndOnlyKernelCommandsReexecuteForOpenMp) {
   EXPECT_NE(worker.maps.find("libtorch_cpu"), std::string::npos) << "troupe worker without libtorch?";
 }
 
+// `troupe simulate` runs in the front, without libtorch, on the simulator's
+// heap (cli::prepare_simulator_process: the process re-executes itself once
+// with GLIBC_TUNABLES set). A run long enough to be read while it works: its
+// /proc environ, once it shows the tunables, is the final exec's, and its
+// memory map then says which binary runs it.
+TEST(Cli, SimulateRunsInTheFrontOnTheSimulatorsHeap) {
+  TempDir dir;
+  troupe::cluster::ChildProcess child(
+      {"env", "-u", "GLIBC_TUNABLES", troupe::test::troupe_bin(), "simulate", "--cost",
+       std::string(TROUPE_TEST_DIR) + "/../docs/profiles/gpt2-124m-cpu-epyc-2threads.json", "--request-rate",
+       "50", "--num-requests", "1000000"},
+      dir.file("simulate.log"));
+  const auto read = [&](const char* file) {
+    std::ifstream in("/proc/" + std::to_string(child.pid()) + "/" + file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  std::string environ, maps;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (child.running() && std::chrono::steady_clock::now() < until) {
+    environ = read("environ");
+    maps = read("maps");
+    if (environ.find("GLIBC_TUNABLES=") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_NE(environ.find("glibc.malloc.tcache_count=1024"), std::string::npos)
+      << "troupe simulate did not re-execute itself with the simulator's heap: " << child.log();
+  EXPECT_EQ(maps.find("libtorch"), std::string::npos) << "troupe simulate loaded libtorch";
+  EXPECT_EQ(maps.find("troupe-engine"), std::string::npos) << "troupe simulate ran in troupe-engine";
+  EXPECT_TRUE(child.running()) << "read after the run ended: " << child.log();
+}
+
 // Without troupe-engine beside it, troupe still runs the clients' commands and
-// says plainly why it cannot run the others.
+// simulate, and says plainly why it cannot run the others.
 TEST(Cli, AFrontWithoutItsEngineRunsTheClientsAndSaysWhyNotTheRest) {
   TempDir dir;
   const std::string front = dir.file("troupe");
@@ -135,6 +162,18 @@ TEST(Cli, AFrontWithoutItsEngineRunsTheClientsAndSaysWhyNotTheRest) {
   auto gen = run_command(shell_quote(front) + " generate " + model_flag() + " --prompt-ids 1 --max-tokens 1");
   EXPECT_EQ(gen.status, 127) << gen.output;
   EXPECT_NE(gen.output.find("cannot start " + dir.file("troupe-engine")), std::string::npos) << gen.output;
+  // The simulator runs in the front too (torch-free), its report byte for byte troupe-engine's.
+  const std::string sim =
+      " simulate --cost " +
+      shell_quote(std::string(TROUPE_TEST_DIR) + "/../docs/profiles/gpt2-124m-cpu-epyc-2threads.json") +
+      " --request-rate 5 --num-requests 40 --seed 3";
+  auto alone = run_command(shell_quote(front) + sim, false);
+  EXPECT_EQ(alone.status, 0) << alone.output;
+  EXPECT_NE(alone.output.find("Successful requests:                     40"), std::string::npos)
+      << alone.output;
+  auto engine = run_command(shell_quote(troupe::test::troupe_engine_bin()) + sim, false);
+  EXPECT_EQ(engine.status, 0) << engine.output;
+  EXPECT_EQ(alone.output, engine.output);
 }
 
 TEST(Cli, BadFlagsAndCommandsAreNamedPlainly) {
