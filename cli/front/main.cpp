@@ -1,6 +1,8 @@
 // troupe: the command line's front (cli/command_line.hpp). The clients'
 // commands and simulate run here, in a binary without libtorch; every other
 // command is troupe-engine's, which this process becomes.
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -10,7 +12,10 @@
 
 int main(int argc, char** argv) {
   const std::string command = troupe::cli::subcommand_of(argc, argv);
-  if (!troupe::cli::front_command(command)) return troupe::cli::exec_engine(argv);
+  // --help-all is the help of every command: troupe-engine's.
+  const bool help_all =
+      std::any_of(argv + 1, argv + argc, [](const char* a) { return std::strcmp(a, "--help-all") == 0; });
+  if (!troupe::cli::front_command(command) || help_all) return troupe::cli::exec_engine(argv);
   if (command == "simulate") troupe::cli::prepare_simulator_process(argv);
   if (!troupe::cli::configure_failpoints()) return 2;
   CLI::App app{"troupe: serve GPT-2 from a cluster of actors"};

@@ -62,6 +62,12 @@ TEST(Cli, HelpOnEveryCommand) {
     EXPECT_EQ(r.status, 0) << cmd;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
   }
+  // --help-all (troupe-engine's) after a command that troupe runs itself too.
+  for (const char* cmd : {"", "tokenize", "simulate", "status"}) {
+    auto r = run_command(tcmd(std::string(cmd) + " --help-all"));
+    EXPECT_EQ(r.status, 0) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd << r.output;
+  }
 }
 
 // `troupe` runs the clients' commands without libtorch (cli/command_line.hpp)
