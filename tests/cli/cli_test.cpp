@@ -53,6 +53,12 @@ json run_json(const std::string& args) {
 
 using troupe::test::read_jsonl;
 
+// A running process's /proc/PID/<file>, whole ("" when it has gone).
+std::string proc_file(pid_t pid, const char* file) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
@@ -98,12 +104,8 @@ TEST(Cli, ClientsStartWithoutLibtorchAndOnlyKernelCommandsReexecuteForOpenMp) {
     const bool connected = poll(&pfd, 1, 60000) == 1;
     Seen seen;
     if (connected) {
-      const auto read = [&](const char* file) {
-        std::ifstream in("/proc/" + std::to_string(child.pid()) + "/" + file, std::ios::binary);
-        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      };
-      seen.environ = read("environ");
-      seen.maps = read("maps");
+      seen.environ = proc_file(child.pid(), "environ");
+      seen.maps = proc_file(child.pid(), "maps");
     }
     close(server);
     EXPECT_TRUE(connected) << "no connection from " << command_args[0];
@@ -136,15 +138,11 @@ TEST(Cli, SimulateRunsInTheFrontOnTheSimulatorsHeap) {
        std::string(TROUPE_TEST_DIR) + "/../docs/profiles/gpt2-124m-cpu-epyc-2threads.json", "--request-rate",
        "50", "--num-requests", "1000000"},
       dir.file("simulate.log"));
-  const auto read = [&](const char* file) {
-    std::ifstream in("/proc/" + std::to_string(child.pid()) + "/" + file, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
   std::string environ, maps;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (child.running() && std::chrono::steady_clock::now() < until) {
-    environ = read("environ");
-    maps = read("maps");
+    environ = proc_file(child.pid(), "environ");
+    maps = proc_file(child.pid(), "maps");
     if (environ.find("GLIBC_TUNABLES=") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
