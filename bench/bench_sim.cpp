@@ -93,7 +93,8 @@ void print(const char* label, int32_t workers, const Measured& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // As `troupe simulate` does: huge pages (not with TROUPE_HEAP_THP=0) and the deeper tcache.
+  // As `troupe simulate` does: huge pages (not with TROUPE_HEAP_THP=0) for its malloc, mimalloc's
+  // (linked; glibc's with the deeper tcache in a sanitizer build).
   troupe::core::reexec_with_simulator_heap(argv);
   troupe::core::tune_malloc();  // as every troupe process does
   double hours = 1, scaling_seconds = 300, speedup = 1;
@@ -150,12 +151,19 @@ int main(int argc, char** argv) {
               : tables_on_thread() ? "serial (TROUPE_SIM_SERIAL), the workers' tables on a second thread"
                                    : "serial, the workers' tables in line (one CPU)");
   const std::string tcache = troupe::core::heap_tcache_count();
-  std::printf("heap: %s, tcache %s per size and thread, malloc %s\n",
-              troupe::core::heap_huge_pages_requested()
-                  ? "transparent huge pages (glibc.malloc.hugetlb=1)"
-                  : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)",
-              tcache.empty() ? "7 (glibc's default)" : tcache.c_str(),
-              troupe::core::malloc_tuned() ? "tuned" : "default");
+  const bool mimalloc = troupe::core::heap_allocator() == troupe::core::HeapAllocator::kMimalloc;
+  const bool huge = troupe::core::heap_huge_pages_requested();
+  if (mimalloc) {
+    std::printf("heap: mimalloc, %s\n", huge
+                                            ? "transparent huge pages (MIMALLOC_LARGE_OS_PAGES=1)"
+                                            : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)");
+  } else {
+    std::printf("heap: glibc's malloc, %s, tcache %s per size and thread, malloc %s\n",
+                huge ? "transparent huge pages (glibc.malloc.hugetlb=1)"
+                     : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)",
+                tcache.empty() ? "7 (glibc's default)" : tcache.c_str(),
+                troupe::core::malloc_tuned() ? "tuned" : "default");
+  }
   std::printf("workload: prompts uniform 128-384, outputs uniform 64-192 tokens, Poisson arrivals\n");
 
   // Capacity of one worker: everything at once, 2000 requests.

@@ -1,5 +1,6 @@
 #include "core/heap_pages.hpp"
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@ namespace {
 
 constexpr const char* kHugetlb = "glibc.malloc.hugetlb";
 constexpr const char* kTcacheCount = "glibc.malloc.tcache_count";
+constexpr const char* kMimallocLargePages = "MIMALLOC_LARGE_OS_PAGES";
 
 std::string thp_mode() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -46,6 +48,7 @@ std::optional<std::string> tunable_setting(const char* tunables, const char* nam
 bool tune_malloc() {
   const char* v = std::getenv("TROUPE_MALLOC");
   if (v != nullptr && std::string(v) == "default") return false;
+  if (heap_allocator() != HeapAllocator::kGlibc) return false;  // the thresholds are glibc's malloc's
   // Both calls fail only for out-of-range values; these are in range.
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
   const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
@@ -91,32 +94,50 @@ bool thp_mode_allows_advice(const std::string& enabled) {
   return enabled.find("[always]") != std::string::npos || enabled.find("[madvise]") != std::string::npos;
 }
 
-bool request_simulator_heap(std::optional<std::string>& previous) {
-  const char* off = std::getenv("TROUPE_HEAP_THP");
-  const bool huge_pages = !(off != nullptr && std::string(off) == "0") && thp_mode_allows_advice(thp_mode());
-  const char* cur = std::getenv("GLIBC_TUNABLES");
-  const std::optional<std::string> next = simulator_tunables(cur, huge_pages);
-  if (!next) return false;
-  previous = cur == nullptr ? std::nullopt : std::optional<std::string>(cur);
-  return setenv("GLIBC_TUNABLES", next->c_str(), 1) == 0;
+HeapAllocator heap_allocator() {
+  // mimalloc's own entry point, found only where its library is loaded; when
+  // it is, its malloc is the process's (it is linked or preloaded for that).
+  return dlsym(RTLD_DEFAULT, "mi_version") != nullptr ? HeapAllocator::kMimalloc : HeapAllocator::kGlibc;
 }
 
-void restore_tunables(const std::optional<std::string>& previous) {
-  if (previous) {
-    setenv("GLIBC_TUNABLES", previous->c_str(), 1);
+std::optional<std::string> simulator_mimalloc_pages(const char* current, bool huge_pages) {
+  if (current != nullptr || !huge_pages) return std::nullopt;
+  return "1";
+}
+
+bool request_simulator_heap(EnvBefore& previous, HeapAllocator allocator) {
+  const char* off = std::getenv("TROUPE_HEAP_THP");
+  const bool huge_pages = !(off != nullptr && std::string(off) == "0") && thp_mode_allows_advice(thp_mode());
+  const char* name = allocator == HeapAllocator::kMimalloc ? kMimallocLargePages : "GLIBC_TUNABLES";
+  const char* cur = std::getenv(name);
+  const std::optional<std::string> next = allocator == HeapAllocator::kMimalloc
+                                              ? simulator_mimalloc_pages(cur, huge_pages)
+                                              : simulator_tunables(cur, huge_pages);
+  if (!next) return false;
+  previous = EnvBefore{name, cur == nullptr ? std::nullopt : std::optional<std::string>(cur)};
+  return setenv(name, next->c_str(), 1) == 0;
+}
+
+void restore_env(const EnvBefore& previous) {
+  if (previous.value) {
+    setenv(previous.name.c_str(), previous.value->c_str(), 1);
   } else {
-    unsetenv("GLIBC_TUNABLES");
+    unsetenv(previous.name.c_str());
   }
 }
 
 void reexec_with_simulator_heap(char** argv) {
-  std::optional<std::string> previous;
+  EnvBefore previous;
   if (!request_simulator_heap(previous)) return;
   execv("/proc/self/exe", argv);
-  restore_tunables(previous);  // exec failed (no /proc?): do not claim otherwise
+  restore_env(previous);  // exec failed (no /proc?): do not claim otherwise
 }
 
 bool heap_huge_pages_requested() {
+  if (heap_allocator() == HeapAllocator::kMimalloc) {
+    const char* v = std::getenv(kMimallocLargePages);
+    return v != nullptr && std::string(v) == "1" && thp_mode_allows_advice(thp_mode());
+  }
   return tunable_setting(std::getenv("GLIBC_TUNABLES"), kHugetlb) == "1" &&
          thp_mode_allows_advice(thp_mode());
 }

@@ -1,5 +1,6 @@
 #pragma once
-// The process heap: glibc's thresholds, and transparent huge pages.
+// The process heap: glibc's thresholds, transparent huge pages, and the
+// simulator's allocator.
 //
 // Transparent huge pages for the heap of a process whose state is many small
 // allocations touched a line or two at a time (the simulator: every worker's
@@ -7,10 +8,13 @@
 // in turn). With 4 KiB pages nearly each touch is a TLB miss, and in a VM a
 // miss is a nested page walk; with 2 MiB pages the same run took 13-27% less
 // wall time on Zen 5 (docs/benchmarks.md "The simulator's speed"). glibc (>= 2.35) backs its heap with
-// THP when GLIBC_TUNABLES holds glibc.malloc.hugetlb=1, which it reads only
-// when the process starts, so the program re-executes itself once with it
-// set. TROUPE_HEAP_THP=0 turns this off; a GLIBC_TUNABLES that already names
-// glibc.malloc.hugetlb is left as the user set it. Torch-free.
+// THP when GLIBC_TUNABLES holds glibc.malloc.hugetlb=1, mimalloc when
+// MIMALLOC_LARGE_OS_PAGES=1; each reads it only when the process starts, so
+// the program re-executes itself once with it set. TROUPE_HEAP_THP=0 turns
+// this off; a variable the user already set is left as set. The binaries that
+// run the simulator and no model (`troupe`, bench_sim) link mimalloc, which
+// ran it 13-29% faster than glibc's malloc on Zen 5 (two threads allocating
+// what the other frees; docs/threading.md). Torch-free.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,8 +31,8 @@ namespace troupe::core {
 // glibc's largest (32 MiB: the model and the KV pool, larger, still get their
 // own mappings) and M_TRIM_THRESHOLD to 1 GiB. The cost: memory freed stays
 // in the process for the next use (a forward pass's peak activations, tens of
-// MiB). TROUPE_MALLOC=default leaves glibc's defaults (for measuring).
-// Returns whether it tuned.
+// MiB). TROUPE_MALLOC=default leaves glibc's defaults (for measuring); a
+// process whose malloc is mimalloc's is left as it is. Returns whether it tuned.
 bool tune_malloc();
 // Whether tune_malloc() tuned this process.
 bool malloc_tuned();
@@ -94,25 +98,48 @@ std::optional<std::string> simulator_tunables(const char* current, bool huge_pag
 // hands out huge pages to memory that asks for them.
 bool thp_mode_allows_advice(const std::string& enabled);
 
-// Sets GLIBC_TUNABLES for the simulator's heap: huge pages when the kernel
-// allows them and TROUPE_HEAP_THP is not 0, and the deeper tcache; what the
-// user set stays. Returns whether it changed the environment (the caller then
-// re-executes); `previous` gets the old value (nullopt: it was unset) to
-// restore if the re-exec fails.
-bool request_simulator_heap(std::optional<std::string>& previous);
+// The allocator behind this process's malloc: mimalloc where its library is
+// loaded (the front, `troupe`, and bench_sim link it for the simulator;
+// docs/threading.md, "The simulator: two threads, and a heap on huge pages"),
+// else glibc's (or a sanitizer's).
+enum class HeapAllocator { kGlibc, kMimalloc };
+HeapAllocator heap_allocator();
 
-// Puts GLIBC_TUNABLES back as request_simulator_heap found it.
-void restore_tunables(const std::optional<std::string>& previous);
+// mimalloc's setting for the simulator's heap: MIMALLOC_LARGE_OS_PAGES=1,
+// which mimalloc reads only at start, has it ask for huge pages for its
+// segments (on Linux without reserved huge pages: THP through madvise).
+// `current` is the variable's value (null: unset). Returns "1" where
+// `huge_pages` and the variable is unset, else nullopt (the user's value stays).
+std::optional<std::string> simulator_mimalloc_pages(const char* current, bool huge_pages);
+
+// An environment variable as it was before request_simulator_heap set it.
+struct EnvBefore {
+  std::string name;
+  std::optional<std::string> value;  // nullopt: unset
+};
+
+// Sets the simulator's heap in the environment, for `allocator`: glibc's
+// GLIBC_TUNABLES (huge pages when the kernel allows them and TROUPE_HEAP_THP
+// is not 0, and the deeper tcache) or mimalloc's MIMALLOC_LARGE_OS_PAGES (the
+// huge pages, on the same conditions); what the user set stays. Returns
+// whether it changed the environment (the caller then re-executes);
+// `previous` gets the variable as it was, to restore if the re-exec fails.
+bool request_simulator_heap(EnvBefore& previous, HeapAllocator allocator = heap_allocator());
+
+// Puts the variable back as request_simulator_heap found it.
+void restore_env(const EnvBefore& previous);
 
 // request_simulator_heap, then execv("/proc/self/exe", argv); returns when
 // nothing needed changing or the exec failed (the environment restored).
 // Call first thing in main, before any thread starts.
 void reexec_with_simulator_heap(char** argv);
 
-// Whether this process's heap was asked for huge pages (for reports):
-// GLIBC_TUNABLES names glibc.malloc.hugetlb=1 and THP is not off.
+// Whether this process's heap was asked for huge pages (for reports): its
+// allocator's variable (GLIBC_TUNABLES' glibc.malloc.hugetlb=1,
+// MIMALLOC_LARGE_OS_PAGES=1) says so and THP is not off.
 bool heap_huge_pages_requested();
-// The glibc.malloc.tcache_count GLIBC_TUNABLES sets ("": none, glibc's 7).
+// The glibc.malloc.tcache_count GLIBC_TUNABLES sets ("": none, glibc's 7;
+// glibc's malloc only).
 std::string heap_tcache_count();
 
 }  // namespace troupe::core

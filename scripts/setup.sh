@@ -23,7 +23,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libpcre2-dev libcli11-dev
-  libspdlog-dev libfmt-dev libcurl4-openssl-dev libxxhash-dev iproute2
+  libspdlog-dev libfmt-dev libcurl4-openssl-dev libxxhash-dev libmimalloc-dev iproute2
   libyaml-cpp-dev libcpp-httplib-dev libboost-dev gnuplot-nox curl
 )
 

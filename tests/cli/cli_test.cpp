@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -128,26 +129,44 @@ TEST(Cli, ClientsStartWithoutLibtorchAndOnlyKernelCommandsReexecuteForOpenMp) {
 
 // `troupe simulate` runs in the front, without libtorch, on the simulator's
 // heap (cli::prepare_simulator_process: the process re-executes itself once
-// with GLIBC_TUNABLES set). A run long enough to be read while it works: its
-// /proc environ, once it shows the tunables, is the final exec's, and its
-// memory map then says which binary runs it.
+// with its allocator's variable set). A run long enough to be read while it
+// works: its /proc environ, once it shows the variable, is the final exec's,
+// and its memory map then says which binary and which malloc run it.
 TEST(Cli, SimulateRunsInTheFrontOnTheSimulatorsHeap) {
+  // The front's malloc is mimalloc's (linked; not in a sanitizer build), which the
+  // re-exec asks for huge pages where the kernel gives them; else glibc's, with its tunables.
+  const bool mimalloc = TROUPE_FRONT_MIMALLOC;
+  std::ifstream thp_in("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string thp((std::istreambuf_iterator<char>(thp_in)), std::istreambuf_iterator<char>());
+  const bool huge = thp.find("[always]") != std::string::npos || thp.find("[madvise]") != std::string::npos;
+  const std::string marker = mimalloc ? "MIMALLOC_LARGE_OS_PAGES=1" : "glibc.malloc.tcache_count=1024";
   TempDir dir;
   troupe::cluster::ChildProcess child(
-      {"env", "-u", "GLIBC_TUNABLES", troupe::test::troupe_bin(), "simulate", "--cost",
+      {"env", "-u", "GLIBC_TUNABLES", "-u", "MIMALLOC_LARGE_OS_PAGES", "-u", "TROUPE_HEAP_THP",
+       troupe::test::troupe_bin(), "simulate", "--cost",
        std::string(TROUPE_TEST_DIR) + "/../docs/profiles/gpt2-124m-cpu-epyc-2threads.json", "--request-rate",
        "50", "--num-requests", "1000000"},
       dir.file("simulate.log"));
   std::string environ, maps;
+  const bool reexec = !mimalloc || huge;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (child.running() && std::chrono::steady_clock::now() < until) {
     environ = proc_file(child.pid(), "environ");
-    maps = proc_file(child.pid(), "maps");
-    if (environ.find("GLIBC_TUNABLES=") != std::string::npos) break;
+    maps = proc_file(child.pid(), "maps");  // after environ: the libraries of the same exec, or a later one's
+    if ((!reexec || environ.find(marker) != std::string::npos) &&
+        (!mimalloc || maps.find("libmimalloc") != std::string::npos) &&
+        maps.find("libzmq") != std::string::npos)
+      break;  // its libraries loaded (libzmq: every troupe's)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_NE(environ.find("glibc.malloc.tcache_count=1024"), std::string::npos)
-      << "troupe simulate did not re-execute itself with the simulator's heap: " << child.log();
+  if (reexec) {
+    EXPECT_NE(environ.find(marker), std::string::npos)
+        << "troupe simulate did not re-execute itself with the simulator's heap: " << child.log();
+  }
+  EXPECT_EQ(maps.find("libmimalloc") != std::string::npos, mimalloc) << maps;
+  if (mimalloc) {
+    EXPECT_EQ(environ.find("GLIBC_TUNABLES="), std::string::npos) << "glibc's malloc serves nothing";
+  }
   EXPECT_EQ(maps.find("libtorch"), std::string::npos) << "troupe simulate loaded libtorch";
   EXPECT_EQ(maps.find("troupe-engine"), std::string::npos) << "troupe simulate ran in troupe-engine";
   EXPECT_TRUE(child.running()) << "read after the run ended: " << child.log();
@@ -166,7 +185,8 @@ TEST(Cli, AFrontWithoutItsEngineRunsTheClientsAndSaysWhyNotTheRest) {
   auto gen = run_command(shell_quote(front) + " generate " + model_flag() + " --prompt-ids 1 --max-tokens 1");
   EXPECT_EQ(gen.status, 127) << gen.output;
   EXPECT_NE(gen.output.find("cannot start " + dir.file("troupe-engine")), std::string::npos) << gen.output;
-  // The simulator runs in the front too (torch-free), its report byte for byte troupe-engine's.
+  // The simulator runs in the front too (torch-free), its report byte for byte troupe-engine's
+  // (which runs it on glibc's malloc, the front on mimalloc's).
   const std::string sim =
       " simulate --cost " +
       shell_quote(std::string(TROUPE_TEST_DIR) + "/../docs/profiles/gpt2-124m-cpu-epyc-2threads.json") +

@@ -141,33 +141,67 @@ class ScopedEnv {
 TEST(HeapPages, HugePagesTurnedOffByTheEnvironmentNotTheTcache) {
   const ScopedEnv off("TROUPE_HEAP_THP", "0");
   const ScopedEnv tunables("GLIBC_TUNABLES", std::nullopt);
-  std::optional<std::string> previous{"not touched"};
-  ASSERT_TRUE(request_simulator_heap(previous));
+  EnvBefore previous{"not touched", "not touched"};
+  ASSERT_TRUE(request_simulator_heap(previous, HeapAllocator::kGlibc));
   EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.tcache_count=1024");
-  EXPECT_EQ(previous, std::nullopt);  // it was unset
-  restore_tunables(previous);
+  EXPECT_EQ(previous.name, "GLIBC_TUNABLES");
+  EXPECT_EQ(previous.value, std::nullopt);  // it was unset
+  restore_env(previous);
   EXPECT_EQ(std::getenv("GLIBC_TUNABLES"), nullptr);
 }
 
 TEST(HeapPages, RequestSetsAndRestoreUndoes) {
   const ScopedEnv on("TROUPE_HEAP_THP", std::nullopt);
   const ScopedEnv tunables("GLIBC_TUNABLES", "glibc.malloc.arena_max=4");
-  std::optional<std::string> previous;
+  EnvBefore previous;
   // Whether it asks for huge pages depends on this kernel's THP mode; the
   // tcache it always adds, and the environment says what it did.
-  ASSERT_TRUE(request_simulator_heap(previous));
+  ASSERT_TRUE(request_simulator_heap(previous, HeapAllocator::kGlibc));
   const std::string set = std::getenv("GLIBC_TUNABLES");
   EXPECT_TRUE(set == "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024" ||
               set == "glibc.malloc.arena_max=4:glibc.malloc.tcache_count=1024")
       << set;
   EXPECT_EQ(heap_tcache_count(), "1024");
-  EXPECT_EQ(previous, "glibc.malloc.arena_max=4");
-  restore_tunables(previous);
+  EXPECT_EQ(previous.value, "glibc.malloc.arena_max=4");
+  restore_env(previous);
   EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.arena_max=4");
   EXPECT_EQ(heap_tcache_count(), "");
   // Once set, nothing is left to ask: no second re-exec.
   const ScopedEnv both("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=1024");
-  EXPECT_FALSE(request_simulator_heap(previous));
+  EXPECT_FALSE(request_simulator_heap(previous, HeapAllocator::kGlibc));
+}
+
+TEST(HeapPages, MimallocIsAskedForHugePagesUnlessTheUserSaidOtherwise) {
+  EXPECT_EQ(simulator_mimalloc_pages(nullptr, true), "1");
+  EXPECT_EQ(simulator_mimalloc_pages(nullptr, false), std::nullopt);
+  EXPECT_EQ(simulator_mimalloc_pages("0", true), std::nullopt);  // the user's
+  EXPECT_EQ(simulator_mimalloc_pages("", true), std::nullopt);
+  // core_tests links no mimalloc: glibc's malloc serves it.
+  EXPECT_EQ(heap_allocator(), HeapAllocator::kGlibc);
+}
+
+TEST(HeapPages, UnderMimallocOnlyItsVariableIsSet) {
+  const ScopedEnv tunables("GLIBC_TUNABLES", std::nullopt);
+  const ScopedEnv pages("MIMALLOC_LARGE_OS_PAGES", std::nullopt);
+  {
+    const ScopedEnv off("TROUPE_HEAP_THP", "0");  // huge pages are all it asks mimalloc for
+    EnvBefore previous;
+    EXPECT_FALSE(request_simulator_heap(previous, HeapAllocator::kMimalloc));
+    EXPECT_EQ(std::getenv("MIMALLOC_LARGE_OS_PAGES"), nullptr);
+  }
+  const ScopedEnv on("TROUPE_HEAP_THP", std::nullopt);
+  EnvBefore previous;
+  if (!request_simulator_heap(previous, HeapAllocator::kMimalloc)) {
+    EXPECT_EQ(std::getenv("MIMALLOC_LARGE_OS_PAGES"), nullptr) << "THP is off here: nothing to ask";
+    return;
+  }
+  EXPECT_STREQ(std::getenv("MIMALLOC_LARGE_OS_PAGES"), "1");
+  EXPECT_EQ(std::getenv("GLIBC_TUNABLES"), nullptr) << "glibc's malloc serves nothing here";
+  EXPECT_EQ(previous.name, "MIMALLOC_LARGE_OS_PAGES");
+  EXPECT_EQ(previous.value, std::nullopt);
+  EXPECT_FALSE(request_simulator_heap(previous, HeapAllocator::kMimalloc)) << "set once: no second re-exec";
+  restore_env(previous);
+  EXPECT_EQ(std::getenv("MIMALLOC_LARGE_OS_PAGES"), nullptr);
 }
 
 }  // namespace
