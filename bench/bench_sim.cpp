@@ -150,17 +150,16 @@ int main(int argc, char** argv) {
                                "thread would wait (docs/simulation.md, \"Two lanes\")"
               : tables_on_thread() ? "serial (TROUPE_SIM_SERIAL), the workers' tables on a second thread"
                                    : "serial, the workers' tables in line (one CPU)");
-  const std::string tcache = troupe::core::heap_tcache_count();
   const bool mimalloc = troupe::core::heap_allocator() == troupe::core::HeapAllocator::kMimalloc;
-  const bool huge = troupe::core::heap_huge_pages_requested();
+  const char* pages = !troupe::core::heap_huge_pages_requested()
+                          ? "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)"
+                      : mimalloc ? "transparent huge pages (MIMALLOC_LARGE_OS_PAGES=1)"
+                                 : "transparent huge pages (glibc.malloc.hugetlb=1)";
   if (mimalloc) {
-    std::printf("heap: mimalloc, %s\n", huge
-                                            ? "transparent huge pages (MIMALLOC_LARGE_OS_PAGES=1)"
-                                            : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)");
+    std::printf("heap: mimalloc, %s\n", pages);
   } else {
-    std::printf("heap: glibc's malloc, %s, tcache %s per size and thread, malloc %s\n",
-                huge ? "transparent huge pages (glibc.malloc.hugetlb=1)"
-                     : "4 KiB pages (TROUPE_HEAP_THP=0, THP off, or set by the user)",
+    const std::string tcache = troupe::core::heap_tcache_count();
+    std::printf("heap: glibc's malloc, %s, tcache %s per size and thread, malloc %s\n", pages,
                 tcache.empty() ? "7 (glibc's default)" : tcache.c_str(),
                 troupe::core::malloc_tuned() ? "tuned" : "default");
   }

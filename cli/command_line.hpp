@@ -30,8 +30,9 @@ bool front_command(const std::string& command);
 
 // Before anything else in a process that runs `simulate`: its state is many
 // small allocations visited in turn, so its heap goes on transparent huge
-// pages with a deeper tcache (core/heap_pages.hpp; glibc reads that once, at
-// start: the process re-executes itself once), and malloc keeps what it frees.
+// pages (core/heap_pages.hpp: mimalloc's where it is linked, as in `troupe`;
+// glibc's with a deeper tcache, and keeping what it frees, elsewhere). The
+// allocator reads that once, at start: the process re-executes itself once.
 void prepare_simulator_process(char** argv);
 
 // Arms the failpoints TROUPE_FAILPOINTS names (core/failpoints.hpp); false,

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/loadgen/child_process.hpp"
+#include "core/heap_pages.hpp"
 #include "jsonl.hpp"
 #include "test_utils.hpp"
 
@@ -138,7 +139,7 @@ TEST(Cli, SimulateRunsInTheFrontOnTheSimulatorsHeap) {
   const bool mimalloc = TROUPE_FRONT_MIMALLOC;
   std::ifstream thp_in("/sys/kernel/mm/transparent_hugepage/enabled");
   const std::string thp((std::istreambuf_iterator<char>(thp_in)), std::istreambuf_iterator<char>());
-  const bool huge = thp.find("[always]") != std::string::npos || thp.find("[madvise]") != std::string::npos;
+  const bool huge = troupe::core::thp_mode_allows_advice(thp);
   const std::string marker = mimalloc ? "MIMALLOC_LARGE_OS_PAGES=1" : "glibc.malloc.tcache_count=1024";
   TempDir dir;
   troupe::cluster::ChildProcess child(
