@@ -94,6 +94,8 @@ bool thp_mode_allows_advice(const std::string& enabled) {
   return enabled.find("[always]") != std::string::npos || enabled.find("[madvise]") != std::string::npos;
 }
 
+bool kernel_allows_huge_pages() { return thp_mode_allows_advice(thp_mode()); }
+
 HeapAllocator heap_allocator() {
   // mimalloc's own entry point, found only where its library is loaded; when
   // it is, its malloc is the process's (it is linked or preloaded for that).
@@ -107,7 +109,7 @@ std::optional<std::string> simulator_mimalloc_pages(const char* current, bool hu
 
 bool request_simulator_heap(EnvBefore& previous, HeapAllocator allocator) {
   const char* off = std::getenv("TROUPE_HEAP_THP");
-  const bool huge_pages = !(off != nullptr && std::string(off) == "0") && thp_mode_allows_advice(thp_mode());
+  const bool huge_pages = !(off != nullptr && std::string(off) == "0") && kernel_allows_huge_pages();
   const char* name = allocator == HeapAllocator::kMimalloc ? kMimallocLargePages : "GLIBC_TUNABLES";
   const char* cur = std::getenv(name);
   const std::optional<std::string> next = allocator == HeapAllocator::kMimalloc
@@ -134,12 +136,11 @@ void reexec_with_simulator_heap(char** argv) {
 }
 
 bool heap_huge_pages_requested() {
-  if (heap_allocator() == HeapAllocator::kMimalloc) {
-    const char* v = std::getenv(kMimallocLargePages);
-    return v != nullptr && std::string(v) == "1" && thp_mode_allows_advice(thp_mode());
-  }
-  return tunable_setting(std::getenv("GLIBC_TUNABLES"), kHugetlb) == "1" &&
-         thp_mode_allows_advice(thp_mode());
+  const char* pages = std::getenv(kMimallocLargePages);
+  const bool asked = heap_allocator() == HeapAllocator::kMimalloc
+                         ? pages != nullptr && std::string(pages) == "1"
+                         : tunable_setting(std::getenv("GLIBC_TUNABLES"), kHugetlb) == "1";
+  return asked && kernel_allows_huge_pages();
 }
 
 std::string heap_tcache_count() {

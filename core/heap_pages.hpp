@@ -97,6 +97,8 @@ std::optional<std::string> simulator_tunables(const char* current, bool huge_pag
 // /sys/kernel/mm/transparent_hugepage/enabled, e.g. "always [madvise] never")
 // hands out huge pages to memory that asks for them.
 bool thp_mode_allows_advice(const std::string& enabled);
+// The same for this kernel (its mode read from that file).
+bool kernel_allows_huge_pages();
 
 // The allocator behind this process's malloc: mimalloc where its library is
 // loaded (the front, `troupe`, and bench_sim link it for the simulator;

@@ -137,9 +137,7 @@ TEST(Cli, SimulateRunsInTheFrontOnTheSimulatorsHeap) {
   // The front's malloc is mimalloc's (linked; not in a sanitizer build), which the
   // re-exec asks for huge pages where the kernel gives them; else glibc's, with its tunables.
   const bool mimalloc = TROUPE_FRONT_MIMALLOC;
-  std::ifstream thp_in("/sys/kernel/mm/transparent_hugepage/enabled");
-  const std::string thp((std::istreambuf_iterator<char>(thp_in)), std::istreambuf_iterator<char>());
-  const bool huge = troupe::core::thp_mode_allows_advice(thp);
+  const bool huge = troupe::core::kernel_allows_huge_pages();
   const std::string marker = mimalloc ? "MIMALLOC_LARGE_OS_PAGES=1" : "glibc.malloc.tcache_count=1024";
   TempDir dir;
   troupe::cluster::ChildProcess child(
